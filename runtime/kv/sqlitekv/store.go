@@ -1,0 +1,324 @@
+// Package sqlitekv is the embedded default store: the kv interface on one
+// SQLite file, so that couchjobs runs on one machine with no server at all.
+//
+// Several OS processes may open the same file. SQLite's write-ahead log lets
+// readers run beside the single writer, and a write transaction holds
+// SQLite's write lock from its first statement to its commit, which makes
+// every transaction serializable: a conflict can never be detected late, so
+// transactions are retried only when the lock is busy or when they break a
+// retryable limit such as the transaction time limit.
+//
+// Each write commit bumps a version counter in the file. It supplies
+// versionstamps, which are therefore strictly increasing across processes,
+// and lets watchers skip unchanged states cheaply. After every commit the
+// writer also writes the version to a side file, <path>-notify, which the
+// watch checkers of every process follow with inotify (fsnotify), so that a
+// watch in one process wakes within a millisecond of a commit in another.
+package sqlitekv
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/couchjobs/couchjobs/runtime/kv"
+)
+
+// Durability says when a commit reaches the disk. It maps to SQLite's
+// synchronous pragma in WAL mode.
+type Durability string
+
+// Durability modes.
+const (
+	// DurabilityNormal survives a crash or SIGKILL of any process, but a
+	// power loss or OS crash may undo the last commits (never corrupt the
+	// file). It is the default: commits do not wait for fsync.
+	DurabilityNormal Durability = "normal"
+	// DurabilityFull also survives power loss: every commit waits for fsync.
+	DurabilityFull Durability = "full"
+	// DurabilityOff leaves flushing to the OS; an OS crash may corrupt the
+	// file. For tests and throwaway stores only.
+	DurabilityOff Durability = "off"
+)
+
+// Options configure a store. The zero value is ready to use.
+type Options struct {
+	// Durability is the commit durability mode; empty means
+	// DurabilityNormal.
+	Durability Durability
+	// TransactionTimeout bounds how long one transaction may run before it
+	// fails with kv.ErrTransactionTooOld, as FoundationDB's 5 s limit does.
+	// It keeps a slow transaction from holding the write lock. Zero means
+	// 5 s.
+	TransactionTimeout time.Duration
+	// ReadConns is the number of connections for read-only transactions;
+	// zero means 4.
+	ReadConns int
+	// Logger receives the store's logs; nil discards them.
+	Logger hclog.Logger
+
+	// driver is the SQLite driver; tests and benchmarks swap it.
+	driver driver
+}
+
+// formatVersion is the schema version this build reads and writes.
+const formatVersion = 1
+
+// Store is the embedded SQLite store. Its methods are safe for concurrent
+// use by many goroutines.
+type Store struct {
+	path    string
+	opts    Options
+	log     hclog.Logger
+	db      *sql.DB // owns every connection below
+	writer  *conn
+	writeMu chan struct{} // a one-slot semaphore for the writer, waited on with a context
+	readers chan *conn
+	// nreaders is how many connections readers holds when idle.
+	nreaders int
+	closed  atomic.Bool
+	done    chan struct{} // closed by Close, to release waiters
+	watches *watcher
+}
+
+// conn is one SQLite connection with its prepared statements.
+type conn struct {
+	c        *sql.Conn
+	get      *sql.Stmt
+	rangeAsc *sql.Stmt
+	rangeDsc *sql.Stmt
+	set      *sql.Stmt
+	clear    *sql.Stmt
+	clearRng *sql.Stmt
+	bump     *sql.Stmt
+	version  *sql.Stmt
+}
+
+// Open opens or creates the store in the SQLite file at path.
+func Open(path string, opts Options) (*Store, error) {
+	if opts.Durability == "" {
+		opts.Durability = DurabilityNormal
+	}
+	switch opts.Durability {
+	case DurabilityNormal, DurabilityFull, DurabilityOff:
+	default:
+		return nil, fmt.Errorf("open store %s: unknown durability %q (want normal, full or off)", path, opts.Durability)
+	}
+	if opts.TransactionTimeout <= 0 {
+		opts.TransactionTimeout = 5 * time.Second
+	}
+	if opts.ReadConns <= 0 {
+		opts.ReadConns = 4
+	}
+	if opts.driver.name == "" {
+		opts.driver = mattnDriver
+	}
+	log := opts.Logger
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	s := &Store{
+		path:    path,
+		opts:    opts,
+		log:     log.Named("store"),
+		writeMu: make(chan struct{}, 1),
+		readers: make(chan *conn, opts.ReadConns),
+		done:    make(chan struct{}),
+	}
+	if err := s.open(); err != nil {
+		s.closeConns()
+		return nil, fmt.Errorf("open store %s: %w", path, err)
+	}
+	return s, nil
+}
+
+func (s *Store) open() error {
+	db, err := sql.Open(s.opts.driver.name, "file:"+s.path)
+	if err != nil {
+		return err
+	}
+	s.db = db
+	ctx := context.Background()
+	if s.writer, err = s.newConn(ctx, false); err != nil {
+		return err
+	}
+	if err := s.initSchema(ctx); err != nil {
+		return err
+	}
+	if err := s.writer.prepare(ctx, true); err != nil {
+		return err
+	}
+	for range s.opts.ReadConns {
+		c, err := s.newConn(ctx, true)
+		if err != nil {
+			return err
+		}
+		if err := c.prepare(ctx, false); err != nil {
+			return err
+		}
+		s.readers <- c
+		s.nreaders++
+	}
+	s.watches, err = newWatcher(s)
+	return err
+}
+
+// newConn opens a connection and sets its pragmas. The writer never waits
+// inside SQLite for a busy lock (busy_timeout 0): Transact waits in Go, with
+// a context and short jittered sleeps. Readers in WAL mode are blocked only
+// during recovery after a crash, which they wait out.
+func (s *Store) newConn(ctx context.Context, reader bool) (*conn, error) {
+	c, err := s.db.Conn(ctx)
+	if err != nil {
+		return nil, err
+	}
+	busy := 0
+	if reader {
+		busy = 10000
+	}
+	pragmas := []string{
+		fmt.Sprintf("PRAGMA busy_timeout = %d", busy),
+		"PRAGMA journal_mode = WAL",
+		"PRAGMA synchronous = " + string(s.opts.Durability),
+		"PRAGMA cache_size = -32768", // 32 MiB of page cache
+		"PRAGMA mmap_size = 268435456",
+		"PRAGMA temp_store = MEMORY",
+	}
+	if reader {
+		pragmas = append(pragmas, "PRAGMA query_only = 1")
+	}
+	for _, p := range pragmas {
+		if err := s.retryBusy(ctx, func() error { _, err := c.ExecContext(ctx, p); return err }); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("%s: %w", p, err)
+		}
+	}
+	return &conn{c: c}, nil
+}
+
+// initSchema creates the tables once, however many processes open the file
+// at the same moment, and refuses files written by a newer format.
+func (s *Store) initSchema(ctx context.Context) error {
+	return s.retryBusy(ctx, func() error {
+		c := s.writer.c
+		if _, err := c.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+			return err
+		}
+		err := func() error {
+			for _, q := range []string{
+				`CREATE TABLE IF NOT EXISTS kv (key BLOB PRIMARY KEY, value BLOB NOT NULL) WITHOUT ROWID`,
+				`CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL) WITHOUT ROWID`,
+				`INSERT OR IGNORE INTO meta (name, value) VALUES ('version', 0)`,
+				fmt.Sprintf(`INSERT OR IGNORE INTO meta (name, value) VALUES ('format', %d)`, formatVersion),
+			} {
+				if _, err := c.ExecContext(ctx, q); err != nil {
+					return err
+				}
+			}
+			var format int
+			if err := c.QueryRowContext(ctx, `SELECT value FROM meta WHERE name = 'format'`).Scan(&format); err != nil {
+				return err
+			}
+			if format != formatVersion {
+				return fmt.Errorf("store format %d is not %d, the one this build reads", format, formatVersion)
+			}
+			return nil
+		}()
+		if err != nil {
+			c.ExecContext(ctx, "ROLLBACK")
+			return err
+		}
+		_, err = c.ExecContext(ctx, "COMMIT")
+		return err
+	})
+}
+
+func (c *conn) prepare(ctx context.Context, writer bool) error {
+	stmts := []struct {
+		dst **sql.Stmt
+		q   string
+	}{
+		{&c.get, `SELECT value FROM kv WHERE key = ?`},
+		{&c.rangeAsc, `SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY key LIMIT ?`},
+		{&c.rangeDsc, `SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY key DESC LIMIT ?`},
+		{&c.version, `SELECT value FROM meta WHERE name = 'version'`},
+	}
+	if writer {
+		stmts = append(stmts, []struct {
+			dst **sql.Stmt
+			q   string
+		}{
+			{&c.set, `INSERT OR REPLACE INTO kv (key, value) VALUES (?, ?)`},
+			{&c.clear, `DELETE FROM kv WHERE key = ?`},
+			{&c.clearRng, `DELETE FROM kv WHERE key >= ? AND key < ?`},
+			{&c.bump, `UPDATE meta SET value = value + 1 WHERE name = 'version' RETURNING value`},
+		}...)
+	}
+	for _, st := range stmts {
+		p, err := c.c.PrepareContext(ctx, st.q)
+		if err != nil {
+			return fmt.Errorf("prepare %q: %w", st.q, err)
+		}
+		*st.dst = p
+	}
+	return nil
+}
+
+// retryBusy runs fn until it does not fail with a busy lock, sleeping a
+// little longer each time, or until ctx is done.
+func (s *Store) retryBusy(ctx context.Context, fn func() error) error {
+	b := kv.Backoff{Min: 20 * time.Microsecond, Max: 2 * time.Millisecond}
+	for {
+		err := fn()
+		if err == nil || !s.opts.driver.isBusy(err) {
+			return err
+		}
+		if err := kv.Sleep(ctx, b.Next()); err != nil {
+			return err
+		}
+	}
+}
+
+// Path returns the file the store lives in.
+func (s *Store) Path() string { return s.path }
+
+// Close waits for running transactions, fails pending watches with
+// kv.ErrStoreClosed and closes the file. It is safe to call more than once.
+func (s *Store) Close() error {
+	if s.closed.Swap(true) {
+		return nil
+	}
+	close(s.done)
+	s.writeMu <- struct{}{} // wait for the running write transaction
+	if s.watches != nil {
+		s.watches.close()
+	}
+	return s.closeConns()
+}
+
+func (s *Store) closeConns() error {
+	var errs []error
+	if s.writer != nil {
+		errs = append(errs, s.writer.c.Close())
+	}
+	for range s.nreaders {
+		c := <-s.readers // waits for a running read transaction to end
+		errs = append(errs, c.c.Close())
+	}
+	if s.db != nil {
+		errs = append(errs, s.db.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// notifyPath is the side file commits write to, to wake watchers in other
+// processes.
+func (s *Store) notifyPath() string { return s.path + "-notify" }
+
+var _ kv.Store = (*Store)(nil)
+
