@@ -81,9 +81,9 @@ type Store struct {
 	readers chan *conn
 	// nreaders is how many connections readers holds when idle.
 	nreaders int
-	closed  atomic.Bool
-	done    chan struct{} // closed by Close, to release waiters
-	watches *watcher
+	closed   atomic.Bool
+	done     chan struct{} // closed by Close, to release waiters
+	watches  *watcher
 }
 
 // conn is one SQLite connection with its prepared statements.
@@ -321,4 +321,3 @@ func (s *Store) closeConns() error {
 func (s *Store) notifyPath() string { return s.path + "-notify" }
 
 var _ kv.Store = (*Store)(nil)
-

@@ -352,4 +352,3 @@ func (f *versionstampFuture) Get() (kv.Versionstamp, error) {
 	}
 	return f.vs, f.err
 }
-
