@@ -2,6 +2,7 @@ package sqlitekv
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -18,19 +19,27 @@ const testTimeout = 300 * time.Millisecond
 func (backend) Name() string { return "sqlite" }
 
 func (b backend) Open(t testing.TB) (kv.Store, string) {
-	path := filepath.Join(t.TempDir(), "store.db")
-	s, err := b.OpenSpec(path)
+	spec := filepath.Join(t.TempDir(), "store.db")
+	if b.opts.driver.name == moderncDriver.name {
+		spec = "modernc:" + spec
+	}
+	s, err := b.OpenSpec(spec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	return s, path
+	return s, spec
 }
 
-func (b backend) OpenSpec(path string) (kv.Store, error) {
+// OpenSpec opens "path" with the default driver, or "modernc:path" with the
+// modernc driver, so that helper processes use the driver the test does.
+func (b backend) OpenSpec(spec string) (kv.Store, error) {
 	o := b.opts
 	o.TransactionTimeout = testTimeout
-	return Open(path, o)
+	if path, ok := strings.CutPrefix(spec, "modernc:"); ok {
+		o.driver, spec = moderncDriver, path
+	}
+	return Open(spec, o)
 }
 
 func (backend) TransactionTimeout() time.Duration { return testTimeout }

@@ -89,6 +89,9 @@ type Store struct {
 // conn is one SQLite connection with its prepared statements.
 type conn struct {
 	c        *sql.Conn
+	begin    *sql.Stmt // BEGIN IMMEDIATE on the writer, BEGIN on readers
+	commit   *sql.Stmt
+	rollback *sql.Stmt
 	get      *sql.Stmt
 	rangeAsc *sql.Stmt
 	rangeDsc *sql.Stmt
@@ -239,10 +242,17 @@ func (s *Store) initSchema(ctx context.Context) error {
 }
 
 func (c *conn) prepare(ctx context.Context, writer bool) error {
+	begin := "BEGIN"
+	if writer {
+		begin = "BEGIN IMMEDIATE"
+	}
 	stmts := []struct {
 		dst **sql.Stmt
 		q   string
 	}{
+		{&c.begin, begin},
+		{&c.commit, "COMMIT"},
+		{&c.rollback, "ROLLBACK"},
 		{&c.get, `SELECT value FROM kv WHERE key = ?`},
 		{&c.rangeAsc, `SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY key LIMIT ?`},
 		{&c.rangeDsc, `SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY key DESC LIMIT ?`},

@@ -31,7 +31,7 @@ func (s *Store) attempt(ctx context.Context, fn func(kv.Tx) (any, error)) (resul
 	}
 	defer func() { <-s.writeMu }()
 	c := s.writer
-	if err := s.retryBusy(ctx, func() error { _, err := c.c.ExecContext(bg, "BEGIN IMMEDIATE"); return err }); err != nil {
+	if err := s.retryBusy(ctx, func() error { _, err := c.begin.ExecContext(bg); return err }); err != nil {
 		return nil, fmt.Errorf("begin transaction: %w", err)
 	}
 	t := &tx{ctx: ctx, c: c, deadline: time.Now().Add(s.opts.TransactionTimeout)}
@@ -39,7 +39,7 @@ func (s *Store) attempt(ctx context.Context, fn func(kv.Tx) (any, error)) (resul
 	defer func() {
 		// Also runs when fn panics, so the lock is never left held.
 		if !committed {
-			if _, rerr := c.c.ExecContext(bg, "ROLLBACK"); rerr != nil {
+			if _, rerr := c.rollback.ExecContext(bg); rerr != nil {
 				s.log.Error("rollback failed", "error", rerr)
 			}
 			failWatches(t.watches, err)
@@ -58,7 +58,7 @@ func (s *Store) attempt(ctx context.Context, fn func(kv.Tx) (any, error)) (resul
 	if err = t.prepareCommit(); err != nil {
 		return nil, err
 	}
-	if _, err = c.c.ExecContext(bg, "COMMIT"); err != nil {
+	if _, err = c.commit.ExecContext(bg); err != nil {
 		err = fmt.Errorf("commit: %w", err)
 		return nil, err
 	}
@@ -152,11 +152,11 @@ func (s *Store) readAttempt(ctx context.Context, fn func(kv.ReadTx) (any, error)
 		return nil, err
 	}
 	defer func() { s.readers <- c }()
-	if _, err := c.c.ExecContext(bg, "BEGIN"); err != nil {
+	if _, err := c.begin.ExecContext(bg); err != nil {
 		return nil, fmt.Errorf("begin read transaction: %w", err)
 	}
 	defer func() {
-		if _, err := c.c.ExecContext(bg, "ROLLBACK"); err != nil {
+		if _, err := c.rollback.ExecContext(bg); err != nil {
 			s.log.Error("ending read transaction failed", "error", err)
 		}
 	}()

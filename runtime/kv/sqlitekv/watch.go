@@ -19,9 +19,6 @@ import (
 const (
 	safetyPoll   = time.Second
 	fallbackPoll = 2 * time.Millisecond
-	// minCheckGap spaces checks under a stream of commits, so that a busy
-	// writer pays for at most one check of the watched keys per gap.
-	minCheckGap = 200 * time.Microsecond
 )
 
 // watch is one kv.Watch. Its key's starting value is read inside the
@@ -186,7 +183,10 @@ func (w *watcher) run() {
 	}
 	tick := time.NewTicker(period)
 	defer tick.Stop()
-	var lastCheck time.Time
+	// Wake-ups coalesce in the one-slot wake channel: under a stream of
+	// commits the checker runs back to back, one check covering every
+	// commit since the last. It never sleeps between checks, because an
+	// idle Go process rounds sub-millisecond sleeps up to a millisecond.
 	for {
 		select {
 		case <-w.stop:
@@ -203,15 +203,7 @@ func (w *watcher) run() {
 			}
 		case <-tick.C:
 		}
-		if gap := time.Since(lastCheck); gap < minCheckGap {
-			select {
-			case <-w.stop:
-				return
-			case <-time.After(minCheckGap - gap):
-			}
-		}
 		w.check()
-		lastCheck = time.Now()
 	}
 }
 
