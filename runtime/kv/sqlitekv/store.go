@@ -21,6 +21,8 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -331,3 +333,69 @@ func (s *Store) closeConns() error {
 func (s *Store) notifyPath() string { return s.path + "-notify" }
 
 var _ kv.Store = (*Store)(nil)
+
+// IntegrityCheck runs SQLite's full integrity check of the file and returns
+// an error listing what is wrong, if anything. It reads the whole file.
+func (s *Store) IntegrityCheck(ctx context.Context) error {
+	c, err := s.takeReader(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { s.readers <- c }()
+	rows, err := c.c.QueryContext(ctx, "PRAGMA integrity_check")
+	if err != nil {
+		return fmt.Errorf("integrity check: %w", err)
+	}
+	defer rows.Close()
+	var problems []string
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			return fmt.Errorf("integrity check: %w", err)
+		}
+		if line != "ok" {
+			problems = append(problems, line)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("integrity check: %w", err)
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("integrity check of %s failed: %s", s.path, strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// Stats describe a store's file.
+type Stats struct {
+	// Keys is the number of keys stored.
+	Keys int64
+	// Version is the number of write commits ever made.
+	Version int64
+	// FileBytes and WALBytes are the sizes of the file and of its
+	// write-ahead log.
+	FileBytes, WALBytes int64
+}
+
+// Stats counts the keys and reports the file sizes. Counting reads every
+// key, so it is for operators, not for hot paths.
+func (s *Store) Stats(ctx context.Context) (Stats, error) {
+	var st Stats
+	_, err := s.ReadTransact(ctx, func(rt kv.ReadTx) (any, error) {
+		t := rt.(*tx)
+		if err := t.c.c.QueryRowContext(ctx, `SELECT count(*) FROM kv`).Scan(&st.Keys); err != nil {
+			return nil, err
+		}
+		return nil, t.c.version.QueryRowContext(ctx).Scan(&st.Version)
+	})
+	if err != nil {
+		return st, fmt.Errorf("store stats: %w", err)
+	}
+	if fi, err := os.Stat(s.path); err == nil {
+		st.FileBytes = fi.Size()
+	}
+	if fi, err := os.Stat(s.path + "-wal"); err == nil {
+		st.WALBytes = fi.Size()
+	}
+	return st, nil
+}

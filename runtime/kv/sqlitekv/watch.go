@@ -103,12 +103,15 @@ func newWatcher(s *Store) (*watcher, error) {
 		exited: make(chan struct{}),
 		byKey:  make(map[string]map[*watch]struct{}),
 	}
+	// Probe that the file system can notify; the file is then followed
+	// only while watches are pending (see follow).
 	if fsw, err := fsnotify.NewWatcher(); err != nil {
 		s.log.Warn("no file notifications; polling for commits of other processes", "error", err)
 	} else if err := fsw.Add(s.notifyPath()); err != nil {
 		fsw.Close()
 		s.log.Warn("no file notifications; polling for commits of other processes", "file", s.notifyPath(), "error", err)
 	} else {
+		fsw.Remove(s.notifyPath())
 		w.fsw = fsw
 	}
 	go w.run()
@@ -139,6 +142,9 @@ func (w *watcher) poke() {
 
 func (w *watcher) register(ws []*watch) {
 	w.mu.Lock()
+	if len(w.byKey) == 0 {
+		w.follow(true)
+	}
 	for _, x := range ws {
 		if x.fired() {
 			continue
@@ -153,8 +159,9 @@ func (w *watcher) register(ws []*watch) {
 		}
 		set[x] = struct{}{}
 	}
-	// The key may have changed between the commit and now, and the last
-	// check may already have seen that version.
+	// The key may have changed between the commit and now (or before the
+	// notify file was followed), and the last check may already have seen
+	// that version.
 	w.force = true
 	w.mu.Unlock()
 	w.poke()
@@ -167,7 +174,29 @@ func (w *watcher) remove(x *watch) {
 		delete(set, x)
 		if len(set) == 0 {
 			delete(w.byKey, string(x.key))
+			if len(w.byKey) == 0 {
+				w.follow(false)
+			}
 		}
+	}
+}
+
+// follow starts or stops following the notify file; w.mu is held. Only a
+// process with pending watches follows it, so that a process without any is
+// not woken by every commit, its own included. Following starts before the
+// forced check of a new watch, so no commit falls between the two.
+func (w *watcher) follow(on bool) {
+	if w.fsw == nil {
+		return
+	}
+	var err error
+	if on {
+		err = w.fsw.Add(w.s.notifyPath())
+	} else {
+		err = w.fsw.Remove(w.s.notifyPath())
+	}
+	if err != nil {
+		w.s.log.Warn("cannot follow the notify file; the safety poll will find changes late", "follow", on, "error", err)
 	}
 }
 
@@ -273,6 +302,9 @@ func (w *watcher) check() {
 		if len(w.byKey[string(k)]) == 0 {
 			delete(w.byKey, string(k))
 		}
+	}
+	if len(w.byKey) == 0 {
+		w.follow(false)
 	}
 }
 

@@ -1,0 +1,60 @@
+# couchjobs. `make run` starts the sample node on the embedded store;
+# `make test` runs every fast test. See README.md.
+
+GO      ?= go
+BIN     := bin
+PKGS    := ./...
+# Packages with code under the fdb build tag, type-checked without libfdb_c.
+FDBPKGS := ./runtime/kv/fdbkv ./runtime/tuple ./host
+BENCHTIME ?= 2s
+
+.PHONY: all build build-fdb run test test-race test-slow test-fdb check-fdb bench fuzz lint clean
+
+all: lint test
+
+build:
+	$(GO) build -o $(BIN)/couchjobs ./host/cmd/couchjobs
+
+# The FoundationDB backend needs cgo and libfdb_c (docs/FOUNDATIONDB.md).
+build-fdb:
+	$(GO) build -tags fdb -o $(BIN)/couchjobs ./host/cmd/couchjobs
+
+run: build
+	mkdir -p var
+	$(BIN)/couchjobs store status -config runtime.toml
+
+test:
+	$(GO) test -count=1 -short $(PKGS)
+
+test-race:
+	$(GO) test -count=1 -short -race $(PKGS)
+
+# Slow suites: the race detector over everything, the conformance suite on
+# the second SQLite driver, and a short fuzzing pass over every decoder.
+test-slow: test-race fuzz
+	$(GO) test -count=1 -run 'Modernc' ./runtime/kv/sqlitekv
+
+# The conformance suite and tuple compatibility against a real cluster.
+test-fdb:
+	@test -n "$$FDB_CLUSTER_FILE" || { echo "set FDB_CLUSTER_FILE to a cluster file (docs/FOUNDATIONDB.md)"; exit 1; }
+	$(GO) test -count=1 -tags fdb ./runtime/...
+
+# Type-checks the fdb-tagged code with cgo faked, on machines without libfdb_c.
+check-fdb:
+	$(GO) run ./.ci/fdbcheck $(FDBPKGS)
+
+bench:
+	$(GO) test -count=1 -run '^$$' -bench . -benchtime $(BENCHTIME) ./runtime/...
+
+FUZZTIME ?= 15s
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzUnpack -fuzztime $(FUZZTIME) ./runtime/tuple
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./host/config
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+	$(MAKE) --no-print-directory check-fdb
+
+clean:
+	rm -rf $(BIN) var

@@ -1,0 +1,159 @@
+// Package config reads a node's runtime.toml.
+//
+// Decoding is strict: an unknown key or a value of the wrong type is an
+// error that names the file, the key and, where the parser knows it, the
+// line, so that a typo never silently falls back to a default.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Config is a node's configuration.
+type Config struct {
+	// Node names this node and the groups it belongs to, for placement.
+	Node Node `toml:"node"`
+	// Store selects and configures the store backend.
+	Store Store `toml:"store"`
+	// Log configures logging.
+	Log Log `toml:"log"`
+
+	// path is the file the configuration was read from; relative paths in
+	// it are relative to its directory.
+	path string
+}
+
+// Node identifies the node.
+type Node struct {
+	// Name is unique in the cluster; the host name if empty.
+	Name string `toml:"name"`
+	// Groups are the node groups this node belongs to.
+	Groups []string `toml:"groups"`
+}
+
+// Store configures the store backend.
+type Store struct {
+	// Backend is "sqlite" (the embedded default) or "fdb".
+	Backend string `toml:"backend"`
+	// Path is the SQLite file, relative to the configuration file.
+	Path string `toml:"path"`
+	// Durability is the SQLite commit durability: normal, full or off.
+	Durability string `toml:"durability"`
+	// ClusterFile is the FoundationDB cluster file; empty means
+	// FDB_CLUSTER_FILE, then the client's default.
+	ClusterFile string `toml:"cluster_file"`
+	// APIVersion is the FoundationDB API version; zero means the default.
+	APIVersion int `toml:"api_version"`
+}
+
+// Log configures logging.
+type Log struct {
+	// Level is trace, debug, info, warn or error.
+	Level string `toml:"level"`
+	// JSON writes one JSON object per line instead of text.
+	JSON bool `toml:"json"`
+}
+
+// Backends.
+const (
+	BackendSQLite = "sqlite"
+	BackendFDB    = "fdb"
+)
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// Load reads and validates the configuration file at path.
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read config: %w", err)
+	}
+	return Parse(path, data)
+}
+
+// Parse decodes and validates configuration text; path names it in errors
+// and anchors relative paths.
+func Parse(path string, data []byte) (*Config, error) {
+	c := &Config{path: path}
+	md, err := toml.Decode(string(data), c)
+	if err != nil {
+		var pe toml.ParseError
+		if errors.As(err, &pe) {
+			return nil, fmt.Errorf("%s:%d: %s", path, pe.Position.Line, pe.Message)
+		}
+		return nil, fmt.Errorf("%s: %s", path, strings.TrimPrefix(err.Error(), "toml: "))
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		keys := make([]string, len(und))
+		for i, k := range und {
+			keys[i] = k.String()
+		}
+		return nil, fmt.Errorf("%s: unknown key %s", path, strings.Join(keys, ", "))
+	}
+	if err := c.validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+func (c *Config) validate() error {
+	if c.Node.Name == "" {
+		host, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("node.name is empty and the host name is unknown: %w", err)
+		}
+		c.Node.Name = host
+	}
+	if !nameRE.MatchString(c.Node.Name) {
+		return fmt.Errorf("node.name %q: use 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit", c.Node.Name)
+	}
+	for _, g := range c.Node.Groups {
+		if !nameRE.MatchString(g) {
+			return fmt.Errorf("node.groups: %q: use 1 to 63 letters, digits, '.', '_' or '-', starting with a letter or digit", g)
+		}
+	}
+	switch c.Store.Backend {
+	case "":
+		c.Store.Backend = BackendSQLite
+		fallthrough
+	case BackendSQLite:
+		if c.Store.Path == "" {
+			return errors.New("store.path: the sqlite backend needs a file path")
+		}
+		switch c.Store.Durability {
+		case "", "normal", "full", "off":
+		default:
+			return fmt.Errorf("store.durability %q: want normal, full or off", c.Store.Durability)
+		}
+	case BackendFDB:
+	default:
+		return fmt.Errorf("store.backend %q: want %q or %q", c.Store.Backend, BackendSQLite, BackendFDB)
+	}
+	switch strings.ToLower(c.Log.Level) {
+	case "":
+		c.Log.Level = "info"
+	case "trace", "debug", "info", "warn", "error":
+	default:
+		return fmt.Errorf("log.level %q: want trace, debug, info, warn or error", c.Log.Level)
+	}
+	return nil
+}
+
+// Path returns the file the configuration came from.
+func (c *Config) Path() string { return c.path }
+
+// Resolve makes a path from the configuration absolute, relative to the
+// configuration file's directory.
+func (c *Config) Resolve(p string) string {
+	if p == "" || filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(filepath.Dir(c.path), p)
+}

@@ -1,0 +1,92 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestParse(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name, text, wantErr string
+	}{
+		{"minimal", "[node]\nname = \"n1\"\n[store]\npath = \"x.db\"\n", ""},
+		{"fdb", "[node]\nname = \"n1\"\n[store]\nbackend = \"fdb\"\ncluster_file = \"/etc/fdb.cluster\"\n", ""},
+		{"unknown key", "[node]\nname = \"n1\"\nnmae = \"x\"\n[store]\npath = \"x.db\"\n", "cfg.toml: unknown key node.nmae"},
+		{"unknown table", "[nodes]\nname = \"n1\"\n", "unknown key nodes"},
+		{"wrong type", "[node]\nname = 5\n", `cfg.toml: line 2 (last key "node.name"): incompatible types`},
+		{"syntax", "[node\n", "cfg.toml:2: expected"},
+		{"bad backend", "[node]\nname = \"n1\"\n[store]\nbackend = \"redis\"\n", `store.backend "redis"`},
+		{"no path", "[node]\nname = \"n1\"\n[store]\nbackend = \"sqlite\"\n", "store.path"},
+		{"bad durability", "[node]\nname = \"n1\"\n[store]\npath = \"x\"\ndurability = \"maybe\"\n", `store.durability "maybe"`},
+		{"bad name", "[node]\nname = \"a b\"\n[store]\npath = \"x\"\n", `node.name "a b"`},
+		{"bad group", "[node]\nname = \"n\"\ngroups = [\"ok\", \"-no\"]\n[store]\npath = \"x\"\n", `node.groups: "-no"`},
+		{"bad level", "[node]\nname = \"n\"\n[store]\npath = \"x\"\n[log]\nlevel = \"loud\"\n", `log.level "loud"`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			cfg, err := Parse("cfg.toml", []byte(c.text))
+			if c.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				if cfg.Log.Level != "info" {
+					t.Errorf("default log level = %q", cfg.Log.Level)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+				t.Fatalf("err = %v, want one containing %q", err, c.wantErr)
+			}
+		})
+	}
+}
+
+func TestResolve(t *testing.T) {
+	t.Parallel()
+	cfg, err := Parse("/etc/couchjobs/runtime.toml", []byte("[node]\nname = \"n\"\n[store]\npath = \"data/jobs.db\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Resolve(cfg.Store.Path); got != "/etc/couchjobs/data/jobs.db" {
+		t.Errorf("Resolve = %s", got)
+	}
+	if got := cfg.Resolve("/abs"); got != "/abs" {
+		t.Errorf("Resolve(/abs) = %s", got)
+	}
+}
+
+// The sample at the repository root must always load.
+func TestSampleConfig(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join("..", "..", "runtime.toml")
+	if _, err := os.Stat(path); err != nil {
+		t.Fatal("the sample runtime.toml at the repository root is missing")
+	}
+	if _, err := Load(path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// FuzzParse feeds arbitrary text to the decoder: it must return a
+// configuration or an error naming the file, never panic.
+func FuzzParse(f *testing.F) {
+	f.Add([]byte("[node]\nname = \"n1\"\n[store]\npath = \"x.db\"\n"))
+	f.Add([]byte("[store]\nbackend = \"fdb\"\napi_version = 730\n"))
+	f.Add([]byte("[log]\nlevel = 3\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := Parse("f.toml", data)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "f.toml") {
+				t.Fatalf("error does not name the file: %v", err)
+			}
+			return
+		}
+		if cfg.Store.Backend == "" || cfg.Node.Name == "" {
+			t.Fatalf("accepted config without defaults: %+v", cfg)
+		}
+	})
+}
