@@ -79,6 +79,18 @@ func testGetSetClear(t *testing.T, b Backend) {
 	if v := Get(t, s, k); v == nil || len(v) != 0 {
 		t.Fatalf("empty value read as %#v, want an empty non-nil slice", v)
 	}
+	Set(t, s, k, nil)
+	if v := Get(t, s, k); v == nil || len(v) != 0 {
+		t.Fatalf("nil value read as %#v, want an empty non-nil slice", v)
+	}
+	stamped, err := sub.PackWithVersionstamp(tuple.Tuple{"stamped", tuple.IncompleteVersionstamp(0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	transact(t, s, func(tx kv.Tx) (any, error) { tx.SetVersionstampedKey(stamped, nil); return nil, nil })
+	if kvs := Range(t, s, sub.RangeOf(tuple.Tuple{"stamped"})); len(kvs) != 1 || kvs[0].Value == nil || len(kvs[0].Value) != 0 {
+		t.Fatalf("versionstamped key with a nil value read as %#v", kvs)
+	}
 	Set(t, s, k, []byte("v2"))
 	transact(t, s, func(tx kv.Tx) (any, error) { tx.Clear(k); return nil, nil })
 	if v := Get(t, s, k); v != nil {

@@ -199,10 +199,7 @@ func (t *tx) Set(key, value []byte) {
 		return
 	}
 	t.count(len(key) + len(value) + conflictSize(key))
-	if value == nil {
-		value = []byte{}
-	}
-	t.mutate("set", key, t.c.set, key, value)
+	t.mutate("set", key, t.c.set, key, nonNil(value))
 }
 
 func (t *tx) Clear(key []byte) {
@@ -250,7 +247,7 @@ func (t *tx) SetVersionstampedKey(key, value []byte) {
 		return
 	}
 	t.count(len(key) + len(value) + conflictSize(k))
-	t.mutate("set versionstamped key", k, t.c.set, k, value)
+	t.mutate("set versionstamped key", k, t.c.set, k, nonNil(value))
 	t.stamped = append(t.stamped, k)
 }
 
@@ -330,6 +327,15 @@ func (t *tx) Watch(key []byte) kv.Watch {
 func (t *tx) AddReadConflictKey(key []byte)   { t.count(conflictSize(key)) }
 func (t *tx) AddWriteConflictKey(key []byte)  { t.count(conflictSize(key)) }
 func (t *tx) AddReadConflictRange(r kv.Range) { t.count(len(r.Begin) + len(r.End)) }
+
+// nonNil stores a nil value as an empty one: a key is present or absent,
+// and a present key's value may be empty.
+func nonNil(v []byte) []byte {
+	if v == nil {
+		return []byte{}
+	}
+	return v
+}
 
 // truncate shortens a key for an error message about its size.
 func truncate(key []byte) []byte {

@@ -1,0 +1,325 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/couchjobs/couchjobs/runtime/kv"
+)
+
+// Placement says which nodes may run a pending job: any node, one named
+// node, or the nodes of a node group.
+type Placement string
+
+// AnyNode is the placement of jobs any node may run.
+const AnyNode Placement = "*"
+
+// OnNode places a job on the node with the given name.
+func OnNode(name string) Placement { return Placement("node:" + name) }
+
+// InGroup places a job on the nodes of a node group.
+func InGroup(group string) Placement { return Placement("group:" + group) }
+
+func (p Placement) normalize() (Placement, error) {
+	switch {
+	case p == "" || p == AnyNode:
+		return AnyNode, nil
+	case strings.HasPrefix(string(p), "node:") && len(p) > len("node:"),
+		strings.HasPrefix(string(p), "group:") && len(p) > len("group:"):
+		if len(p) > MaxTypeSize {
+			return "", fmt.Errorf("%w: placement of %d bytes exceeds %d", ErrInvalid, len(p), MaxTypeSize)
+		}
+		return p, nil
+	}
+	return "", fmt.Errorf("%w: placement %q: want %q, \"node:NAME\" or \"group:NAME\"", ErrInvalid, p, AnyNode)
+}
+
+// NewJob describes a job to add.
+type NewJob struct {
+	// Type and ID identify the job. The type must be registered (it has an
+	// activity timeout).
+	Type, ID string
+	// Data is the job's data, a JSON object; nil keeps the data of an
+	// existing job (an empty object for a new one).
+	Data json.RawMessage
+	// Priority orders the pending queue: lower runs first. A priority is
+	// also a due time: a job whose priority is a Unix time in milliseconds
+	// is not accepted before that time. Zero, the default, is due at once.
+	Priority int64
+	// At, if set, schedules the job: its priority is At in Unix
+	// milliseconds. Set Priority or At, not both.
+	At time.Time
+	// Placement says which nodes may run the job; default AnyNode.
+	Placement Placement
+	// Group is the job's share group for the fair-share scheduler; default
+	// the job's type.
+	Group string
+	// Exclusive makes Add fail with ErrJobExists if the id exists, as the
+	// RFC says. Without it, adding an existing job follows couch_jobs: a
+	// pending job takes the new data and schedule, a running job is flagged
+	// for resubmission (and keeps its data), a finished job is enqueued
+	// again.
+	Exclusive bool
+}
+
+func (n *NewJob) check() error {
+	if err := validName("job type", n.Type, MaxTypeSize); err != nil {
+		return err
+	}
+	if err := validName("job id", n.ID, MaxIDSize); err != nil {
+		return fmt.Errorf("%s: %w", n.Type, err)
+	}
+	if !n.At.IsZero() {
+		if n.Priority != 0 {
+			return fmt.Errorf("%w: job %s/%s sets both Priority and At", ErrInvalid, n.Type, n.ID)
+		}
+		n.Priority = n.At.UnixMilli()
+	}
+	if n.Priority < 0 || n.Priority > MaxPriority {
+		return fmt.Errorf("%w: job %s/%s: priority %d outside 0..%d", ErrInvalid, n.Type, n.ID, n.Priority, int64(MaxPriority))
+	}
+	var err error
+	if n.Placement, err = n.Placement.normalize(); err != nil {
+		return fmt.Errorf("job %s/%s: %w", n.Type, n.ID, err)
+	}
+	if n.Group == "" {
+		n.Group = n.Type
+	} else if err := validName("share group", n.Group, MaxTypeSize); err != nil {
+		return fmt.Errorf("job %s/%s: %w", n.Type, n.ID, err)
+	}
+	if n.Data != nil {
+		if n.Data, err = checkData(n.Data); err != nil {
+			return fmt.Errorf("job %s/%s: %w", n.Type, n.ID, err)
+		}
+	}
+	return nil
+}
+
+// batch remembers, within one transaction, which types were checked and
+// which need their pending counter bumped and their subscribers woken, so
+// a batch pays for each once.
+type batch struct {
+	known   map[string]bool
+	pending map[string]bool
+	touched map[string]bool
+}
+
+func newBatch() *batch {
+	return &batch{known: map[string]bool{}, pending: map[string]bool{}, touched: map[string]bool{}}
+}
+
+func (j *Jobs) checkType(tx kv.ReadTx, b *batch, typ string) error {
+	if b.known[typ] {
+		return nil
+	}
+	v, err := tx.Snapshot().Get(j.timeoutKey(typ))
+	if err != nil {
+		return err
+	}
+	if v == nil {
+		return fmt.Errorf("%w %q: set its activity timeout first", ErrUnknownType, typ)
+	}
+	b.known[typ] = true
+	return nil
+}
+
+func (j *Jobs) flush(tx kv.Tx, b *batch) {
+	for typ := range b.pending {
+		j.bumpPending(tx, typ)
+	}
+	for typ := range b.touched {
+		j.touchType(tx, typ)
+	}
+}
+
+// Add adds a job in a transaction of its own.
+func (j *Jobs) Add(ctx context.Context, n NewJob) error {
+	_, err := j.store.Transact(ctx, func(tx kv.Tx) (any, error) { return nil, j.AddTx(tx, n) })
+	return err
+}
+
+// AddTx adds a job inside the caller's transaction.
+func (j *Jobs) AddTx(tx kv.Tx, n NewJob) error { return j.AddManyTx(tx, []NewJob{n}) }
+
+// AddMany adds jobs in one transaction: all or none.
+func (j *Jobs) AddMany(ctx context.Context, ns []NewJob) error {
+	_, err := j.store.Transact(ctx, func(tx kv.Tx) (any, error) { return nil, j.AddManyTx(tx, ns) })
+	return err
+}
+
+// AddManyTx adds jobs inside the caller's transaction. Each job id may
+// appear once.
+func (j *Jobs) AddManyTx(tx kv.Tx, ns []NewJob) error {
+	b := newBatch()
+	seen := make(map[[2]string]bool, len(ns))
+	for _, n := range ns {
+		if err := n.check(); err != nil {
+			return err
+		}
+		if k := [2]string{n.Type, n.ID}; seen[k] {
+			return fmt.Errorf("%w: job %s/%s appears twice in one batch", ErrInvalid, n.Type, n.ID)
+		} else {
+			seen[k] = true
+		}
+		if err := j.checkType(tx, b, n.Type); err != nil {
+			return err
+		}
+		if err := j.upsert(tx, b, n, true); err != nil {
+			return err
+		}
+	}
+	j.flush(tx, b)
+	return nil
+}
+
+// upsert applies a checked NewJob: it creates the job if create is set and
+// it does not exist, and otherwise follows couch_jobs' re-add rules.
+func (j *Jobs) upsert(tx kv.Tx, b *batch, n NewJob, create bool) error {
+	r, err := j.load(tx, n.Type, n.ID)
+	if err != nil {
+		return err
+	}
+	now := j.now().UnixMilli()
+	switch {
+	case r == nil && !create:
+		return fmt.Errorf("%w: %s/%s", ErrNotFound, n.Type, n.ID)
+	case r == nil:
+		data := n.Data
+		if data == nil {
+			data = []byte("{}")
+		}
+		r = &record{state: Pending, priority: n.Priority, placement: string(n.Placement), group: n.Group, created: now, data: data}
+		tx.Set(j.pendingKey(n.Type, r.placement, r.priority, n.ID), nil)
+		b.pending[n.Type] = true
+		j.log.Debug("job added", "type", n.Type, "id", n.ID, "priority", r.priority, "placement", r.placement)
+	case n.Exclusive:
+		return fmt.Errorf("%w: %s/%s", ErrJobExists, n.Type, n.ID)
+	case r.state == Pending:
+		tx.Clear(j.pendingKey(n.Type, r.placement, r.priority, n.ID))
+		r.priority, r.placement, r.group = n.Priority, string(n.Placement), n.Group
+		if n.Data != nil {
+			r.data = n.Data
+		}
+		tx.Set(j.pendingKey(n.Type, r.placement, r.priority, n.ID), nil)
+		b.pending[n.Type] = true
+	case r.state == Running:
+		// The worker finishes the current run; the job then goes back to
+		// the queue with the new schedule. It keeps its data, which the
+		// worker owns while it runs.
+		r.resubmit = true
+		r.priority, r.placement, r.group = n.Priority, string(n.Placement), n.Group
+	case r.state == Finished:
+		r.state, r.canceled, r.resubmit = Pending, false, false
+		r.priority, r.placement, r.group = n.Priority, string(n.Placement), n.Group
+		if n.Data != nil {
+			r.data = n.Data
+		}
+		tx.Set(j.pendingKey(n.Type, r.placement, r.priority, n.ID), nil)
+		b.pending[n.Type] = true
+	}
+	j.save(tx, n.Type, n.ID, r, false)
+	b.touched[n.Type] = true
+	return nil
+}
+
+// ResubmitOptions say how a user resubmits a job.
+type ResubmitOptions struct {
+	// Priority and At schedule the job as in NewJob.
+	Priority int64
+	At       time.Time
+	// Data replaces the job's data if not nil (not for a running job).
+	Data json.RawMessage
+}
+
+// Resubmit asks for a job to run again: a pending job is rescheduled, a
+// running one is flagged to go back to the queue when its worker finishes,
+// a finished one is enqueued again.
+func (j *Jobs) Resubmit(ctx context.Context, typ, id string, o ResubmitOptions) error {
+	_, err := j.store.Transact(ctx, func(tx kv.Tx) (any, error) { return nil, j.ResubmitTx(tx, typ, id, o) })
+	return err
+}
+
+// ResubmitTx is Resubmit inside the caller's transaction.
+func (j *Jobs) ResubmitTx(tx kv.Tx, typ, id string, o ResubmitOptions) error {
+	b := newBatch()
+	r, err := j.load(tx, typ, id)
+	if err != nil {
+		return err
+	}
+	if r == nil {
+		return fmt.Errorf("%w: %s/%s", ErrNotFound, typ, id)
+	}
+	n := NewJob{Type: typ, ID: id, Priority: o.Priority, At: o.At, Data: o.Data, Placement: Placement(r.placement), Group: r.group}
+	if err := n.check(); err != nil {
+		return err
+	}
+	if err := j.upsert(tx, b, n, false); err != nil {
+		return err
+	}
+	j.flush(tx, b)
+	return nil
+}
+
+// Remove deletes a job. If it is running, its worker's next Update, Finish
+// or Resubmit fails with ErrCanceled; subscribers see NotFound.
+func (j *Jobs) Remove(ctx context.Context, typ, id string) error {
+	_, err := j.store.Transact(ctx, func(tx kv.Tx) (any, error) { return nil, j.RemoveTx(tx, typ, id) })
+	return err
+}
+
+// RemoveTx is Remove inside the caller's transaction.
+func (j *Jobs) RemoveTx(tx kv.Tx, typ, id string) error {
+	r, err := j.load(tx, typ, id)
+	if err != nil {
+		return err
+	}
+	if r == nil {
+		return fmt.Errorf("%w: %s/%s", ErrNotFound, typ, id)
+	}
+	j.unlink(tx, typ, id, r)
+	tx.Clear(j.dataKey(typ, id))
+	j.touchType(tx, typ)
+	j.log.Info("job removed", "type", typ, "id", id, "state", r.state)
+	return nil
+}
+
+// Cancel stops a job: a pending job leaves the queue, a running job's
+// worker gets ErrCanceled on its next call. The job is then finished, with
+// Canceled set. Canceling a finished job changes nothing.
+func (j *Jobs) Cancel(ctx context.Context, typ, id string) error {
+	_, err := j.store.Transact(ctx, func(tx kv.Tx) (any, error) { return nil, j.CancelTx(tx, typ, id) })
+	return err
+}
+
+// CancelTx is Cancel inside the caller's transaction.
+func (j *Jobs) CancelTx(tx kv.Tx, typ, id string) error {
+	r, err := j.load(tx, typ, id)
+	if err != nil {
+		return err
+	}
+	if r == nil {
+		return fmt.Errorf("%w: %s/%s", ErrNotFound, typ, id)
+	}
+	if r.state == Finished {
+		return nil
+	}
+	j.unlink(tx, typ, id, r)
+	r.state, r.lock, r.canceled, r.resubmit = Finished, nil, true, false
+	j.save(tx, typ, id, r, false)
+	j.touchType(tx, typ)
+	j.log.Info("job canceled", "type", typ, "id", id)
+	return nil
+}
+
+// unlink removes a job's pending or activity entry, whichever it has.
+func (j *Jobs) unlink(tx kv.Tx, typ, id string, r *record) {
+	switch r.state {
+	case Pending:
+		tx.Clear(j.pendingKey(typ, r.placement, r.priority, id))
+	case Running:
+		tx.Clear(j.activityKey(typ, r.activityVS(), id))
+	}
+}

@@ -1,0 +1,182 @@
+package jobs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/couchjobs/couchjobs/runtime/kv"
+	"github.com/couchjobs/couchjobs/runtime/tuple"
+)
+
+// Job is a running job as its worker holds it: Accept returns it, and its
+// methods update, finish or resubmit it inside the worker's transaction.
+// Each method first checks that the worker still holds the job's lock, so
+// writes made in the same transaction commit only while it does.
+type Job struct {
+	Type, ID string
+	// Lock is the worker lock Accept took; it is the worker's proof of
+	// ownership.
+	Lock tuple.UUID
+	// Data is the job's data when it was accepted.
+	Data json.RawMessage
+	// Priority, Placement and Group are the job's schedule.
+	Priority  int64
+	Placement Placement
+	Group     string
+	// ResubmitRequested is set by Update when a user asked, while the job ran, for
+	// it to run again; Finish will then put it back in the queue.
+	ResubmitRequested bool
+
+	j *Jobs
+}
+
+// Bind returns the handle of a job held under lock, for a worker that
+// knows its job only by type, id and lock (one restarted from a
+// checkpoint, or a test simulating a late worker).
+func (j *Jobs) Bind(typ, id string, lock tuple.UUID) *Job {
+	return &Job{Type: typ, ID: id, Lock: lock, j: j}
+}
+
+// owned reads the job and checks the worker still holds it.
+func (job *Job) owned(tx kv.Tx) (*record, error) {
+	r, err := job.j.load(tx, job.Type, job.ID)
+	switch {
+	case err != nil:
+		return nil, err
+	case r == nil:
+		return nil, fmt.Errorf("%s/%s: %w (removed)", job.Type, job.ID, ErrCanceled)
+	case r.canceled:
+		return nil, fmt.Errorf("%s/%s: %w", job.Type, job.ID, ErrCanceled)
+	case r.state != Running || r.lock == nil || *r.lock != job.Lock:
+		return nil, fmt.Errorf("%s/%s: %w", job.Type, job.ID, ErrWorkerConflict)
+	}
+	return r, nil
+}
+
+// Update records the worker's progress: new data (nil keeps the data) and
+// fresh activity, which keeps the activity monitor from re-enqueueing the
+// job. It fails with ErrWorkerConflict or ErrCanceled when the worker must
+// stop.
+func (job *Job) Update(tx kv.Tx, data json.RawMessage) error {
+	r, err := job.owned(tx)
+	if err != nil {
+		return err
+	}
+	if data != nil {
+		if r.data, err = checkData(data); err != nil {
+			return fmt.Errorf("update %s/%s: %w", job.Type, job.ID, err)
+		}
+	}
+	tx.Clear(job.j.activityKey(job.Type, r.activityVS(), job.ID))
+	tx.SetVersionstampedKey(job.j.stampedActivityKey(job.Type, job.ID), nil)
+	job.j.save(tx, job.Type, job.ID, r, true)
+	job.j.touchType(tx, job.Type)
+	job.ResubmitRequested = r.resubmit
+	return nil
+}
+
+// Finish ends the run with final data (nil keeps the data). The job is
+// finished, or, if it was resubmitted while it ran, pending again.
+func (job *Job) Finish(tx kv.Tx, data json.RawMessage) error {
+	b := newBatch()
+	if err := job.finish(tx, b, data); err != nil {
+		return err
+	}
+	job.j.flush(tx, b)
+	return nil
+}
+
+func (job *Job) finish(tx kv.Tx, b *batch, data json.RawMessage) error {
+	r, err := job.owned(tx)
+	if err != nil {
+		return err
+	}
+	if data != nil {
+		if r.data, err = checkData(data); err != nil {
+			return fmt.Errorf("finish %s/%s: %w", job.Type, job.ID, err)
+		}
+	}
+	tx.Clear(job.j.activityKey(job.Type, r.activityVS(), job.ID))
+	r.lock = nil
+	if r.resubmit {
+		r.state, r.resubmit = Pending, false
+		tx.Set(job.j.pendingKey(job.Type, r.placement, r.priority, job.ID), nil)
+		b.pending[job.Type] = true
+	} else {
+		r.state = Finished
+	}
+	job.j.save(tx, job.Type, job.ID, r, false)
+	b.touched[job.Type] = true
+	return nil
+}
+
+// Resubmit ends the run and puts the job back in the queue with the given
+// schedule (the zero ResubmitOptions: due now) and data (nil keeps it).
+func (job *Job) Resubmit(tx kv.Tx, o ResubmitOptions) error {
+	n := NewJob{Type: job.Type, ID: job.ID, Priority: o.Priority, At: o.At, Data: o.Data}
+	if err := n.check(); err != nil {
+		return err
+	}
+	r, err := job.owned(tx)
+	if err != nil {
+		return err
+	}
+	if n.Data != nil {
+		r.data = n.Data
+	}
+	tx.Clear(job.j.activityKey(job.Type, r.activityVS(), job.ID))
+	r.state, r.lock, r.resubmit, r.priority = Pending, nil, false, n.Priority
+	tx.Set(job.j.pendingKey(job.Type, r.placement, r.priority, job.ID), nil)
+	job.j.save(tx, job.Type, job.ID, r, false)
+	job.j.bumpPending(tx, job.Type)
+	job.j.touchType(tx, job.Type)
+	return nil
+}
+
+// Update runs job.Update in a transaction of its own.
+func (j *Jobs) Update(ctx context.Context, job *Job, data json.RawMessage) error {
+	_, err := j.store.Transact(ctx, func(tx kv.Tx) (any, error) { return nil, job.Update(tx, data) })
+	return err
+}
+
+// Finish runs job.Finish in a transaction of its own.
+func (j *Jobs) Finish(ctx context.Context, job *Job, data json.RawMessage) error {
+	_, err := j.store.Transact(ctx, func(tx kv.Tx) (any, error) { return nil, job.Finish(tx, data) })
+	return err
+}
+
+// Done pairs a job with its final data, for FinishMany.
+type Done struct {
+	Job  *Job
+	Data json.RawMessage
+}
+
+// FinishMany finishes jobs in one transaction. A job that fails its lock
+// check (ErrWorkerConflict, ErrCanceled) or its data check (ErrInvalid)
+// does not stop the others: its error is in the returned slice, at its
+// index, and nothing was written for it. The error return is the
+// transaction's: a store error fails them all.
+func (j *Jobs) FinishMany(ctx context.Context, done []Done) ([]error, error) {
+	v, err := j.store.Transact(ctx, func(tx kv.Tx) (any, error) { return j.FinishManyTx(tx, done) })
+	if err != nil {
+		return nil, err
+	}
+	return v.([]error), nil
+}
+
+// FinishManyTx is FinishMany inside the caller's transaction.
+func (j *Jobs) FinishManyTx(tx kv.Tx, done []Done) ([]error, error) {
+	b := newBatch()
+	errs := make([]error, len(done))
+	for i, d := range done {
+		err := d.Job.finish(tx, b, d.Data)
+		if err != nil && !errors.Is(err, ErrWorkerConflict) && !errors.Is(err, ErrCanceled) && !errors.Is(err, ErrInvalid) {
+			return nil, err
+		}
+		errs[i] = err
+	}
+	j.flush(tx, b)
+	return errs, nil
+}
