@@ -1,7 +1,6 @@
 package jobs
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -245,9 +244,4 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-// versionstampLess orders versionstamps; tests use it.
-func versionstampLess(a, b tuple.Versionstamp) bool {
-	return bytes.Compare(a.Bytes(), b.Bytes()) < 0
 }

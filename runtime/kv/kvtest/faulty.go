@@ -10,26 +10,36 @@ import (
 // Point is where a Faulty store may inject an error: before an operation
 // of a transaction, or at its commit.
 type Point struct {
-	// Op is "get", "range", "set", "clear", "clear_range", "add",
-	// "versionstamped_key", "versionstamped_value", "watch" or "commit".
+	// Op is "begin" (the start of an attempt), "get", "range", "set",
+	// "clear", "clear_range", "add", "versionstamped_key",
+	// "versionstamped_value", "watch" or "commit".
 	Op string
 	// Key is the operation's key (the range's begin); nil at commit.
 	Key []byte
 }
 
-// Faulty wraps a store and fails transactions where Inject says, to test
-// how a layer copes with a store that fails mid-operation: a conflict or a
-// transient error (retried by Transact), or a limit error such as a
+// Faulty wraps a store and fails transactions where its injector says, to
+// test how a layer copes with a store that fails mid-operation: a conflict
+// or a transient error (retried by Transact), or a limit error such as a
 // transaction that grew too large (returned to the caller).
 type Faulty struct {
 	kv.Store
-	// Inject is called at every point of every transaction attempt; a
-	// non-nil error fails the attempt there. It may be called from many
-	// goroutines at once.
-	Inject func(Point) error
 
 	mu       sync.Mutex
+	inject   func(Point) error
 	injected int
+}
+
+// NewFaulty wraps s; it injects nothing until SetInject.
+func NewFaulty(s kv.Store) *Faulty { return &Faulty{Store: s} }
+
+// SetInject sets the injector, called at every point of every transaction
+// attempt: a non-nil error fails the attempt there. It may be called from
+// many goroutines at once; nil injects nothing.
+func (f *Faulty) SetInject(fn func(Point) error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.inject = fn
 }
 
 // Injected returns how many errors were injected so far.
@@ -39,8 +49,14 @@ func (f *Faulty) Injected() int {
 	return f.injected
 }
 
-func (f *Faulty) inject(p Point) error {
-	err := f.Inject(p)
+func (f *Faulty) fault(p Point) error {
+	f.mu.Lock()
+	fn := f.inject
+	f.mu.Unlock()
+	if fn == nil {
+		return nil
+	}
+	err := fn(p)
 	if err != nil {
 		f.mu.Lock()
 		f.injected++
@@ -54,13 +70,16 @@ func (f *Faulty) inject(p Point) error {
 // FoundationDB reports errors of writes.
 func (f *Faulty) Transact(ctx context.Context, fn func(kv.Tx) (any, error)) (any, error) {
 	return f.Store.Transact(ctx, func(tx kv.Tx) (any, error) {
+		if err := f.fault(Point{Op: "begin"}); err != nil {
+			return nil, err
+		}
 		ft := &faultyTx{Tx: tx, f: f}
 		v, err := fn(ft)
 		if err == nil {
 			err = ft.err
 		}
 		if err == nil {
-			err = f.inject(Point{Op: "commit"})
+			err = f.fault(Point{Op: "commit"})
 		}
 		return v, err
 	})
@@ -79,14 +98,14 @@ type faultyReadTx struct {
 }
 
 func (t faultyReadTx) Get(key []byte) ([]byte, error) {
-	if err := t.f.inject(Point{Op: "get", Key: key}); err != nil {
+	if err := t.f.fault(Point{Op: "get", Key: key}); err != nil {
 		return nil, err
 	}
 	return t.ReadTx.Get(key)
 }
 
 func (t faultyReadTx) GetRange(r kv.Range, o kv.RangeOptions) ([]kv.KeyValue, error) {
-	if err := t.f.inject(Point{Op: "range", Key: r.Begin}); err != nil {
+	if err := t.f.fault(Point{Op: "range", Key: r.Begin}); err != nil {
 		return nil, err
 	}
 	return t.ReadTx.GetRange(r, o)
@@ -104,7 +123,7 @@ func (t *faultyTx) write(op string, key []byte) bool {
 	if t.err != nil {
 		return false
 	}
-	t.err = t.f.inject(Point{Op: op, Key: key})
+	t.err = t.f.fault(Point{Op: op, Key: key})
 	return t.err == nil
 }
 
