@@ -111,16 +111,29 @@ func newBatch() *batch {
 	return &batch{known: map[string]bool{}, pending: map[string]bool{}, touched: map[string]bool{}}
 }
 
+// typeCacheFor is how long a type seen registered is trusted without
+// reading the registry again. Types are registered once and rarely
+// cleared; a job added to a type cleared within this window is harmless.
+const typeCacheFor = 5 * time.Second
+
 func (j *Jobs) checkType(tx kv.ReadTx, b *batch, typ string) error {
 	if b.known[typ] {
 		return nil
 	}
-	v, err := tx.Snapshot().Get(j.timeoutKey(typ))
-	if err != nil {
-		return err
-	}
-	if v == nil {
-		return fmt.Errorf("%w %q: set its activity timeout first", ErrUnknownType, typ)
+	j.mu.Lock()
+	until, ok := j.types[typ]
+	j.mu.Unlock()
+	if !ok || j.now().After(until) {
+		v, err := tx.Snapshot().Get(j.timeoutKey(typ))
+		if err != nil {
+			return err
+		}
+		if v == nil {
+			return fmt.Errorf("%w %q: set its activity timeout first", ErrUnknownType, typ)
+		}
+		j.mu.Lock()
+		j.types[typ] = j.now().Add(typeCacheFor)
+		j.mu.Unlock()
 	}
 	b.known[typ] = true
 	return nil
@@ -183,6 +196,7 @@ func (j *Jobs) upsert(tx kv.Tx, b *batch, n NewJob, create bool) error {
 		return err
 	}
 	now := j.now().UnixMilli()
+	created := r == nil && create
 	switch {
 	case r == nil && !create:
 		return fmt.Errorf("%w: %s/%s", ErrNotFound, n.Type, n.ID)
@@ -194,7 +208,9 @@ func (j *Jobs) upsert(tx kv.Tx, b *batch, n NewJob, create bool) error {
 		r = &record{state: Pending, priority: n.Priority, placement: string(n.Placement), group: n.Group, created: now, data: data}
 		tx.Set(j.pendingKey(n.Type, r.placement, r.priority, n.ID), nil)
 		b.pending[n.Type] = true
-		j.log.Debug("job added", "type", n.Type, "id", n.ID, "priority", r.priority, "placement", r.placement)
+		if j.log.IsDebug() {
+			j.log.Debug("job added", "type", n.Type, "id", n.ID, "priority", r.priority, "placement", r.placement)
+		}
 	case n.Exclusive:
 		return fmt.Errorf("%w: %s/%s", ErrJobExists, n.Type, n.ID)
 	case r.state == Pending:
@@ -221,6 +237,11 @@ func (j *Jobs) upsert(tx kv.Tx, b *batch, n NewJob, create bool) error {
 		b.pending[n.Type] = true
 	}
 	j.save(tx, n.Type, n.ID, r, false)
+	if created {
+		// Nobody can be subscribed to a job that did not exist (such a
+		// subscription ends at once), so a creation wakes no subscriber.
+		return nil
+	}
 	b.touched[n.Type] = true
 	return nil
 }

@@ -76,7 +76,7 @@ const (
 const (
 	keyData            = 1 // (1, type, id) = job record
 	keyPending         = 2 // (2, type, placement, priority, id) = ""
-	keyWatchPending    = 3 // (3, type) = counter, bumped on every enqueue
+	keyWatchPending    = 3 // (3, type) = versionstamp of the type's last enqueue
 	keyWatchActivity   = 4 // (4, type) = versionstamp of the type's last change
 	keyActivityTimeout = 5 // (5, type) = activity timeout in milliseconds; the type registry
 	keyActivity        = 6 // (6, type, versionstamp, id) = "", one per running job
@@ -114,6 +114,7 @@ type Jobs struct {
 
 	mu        sync.Mutex
 	notifiers map[string]*notifier // by type, while it has subscriptions
+	types     map[string]time.Time // registered types seen, until when to trust that
 	closed    bool
 	wg        sync.WaitGroup // the notifiers' goroutines
 }
@@ -145,6 +146,7 @@ func New(store kv.Store, opts Options) *Jobs {
 		log:       opts.Logger.Named("jobs"),
 		opts:      opts,
 		notifiers: make(map[string]*notifier),
+		types:     make(map[string]time.Time),
 	}
 }
 
@@ -208,15 +210,26 @@ func (j *Jobs) stampedActivityKey(typ, id string) []byte {
 // touchType records a change of a job of typ: subscribers of the type wake
 // on it, and the activity monitor reads it as the type's latest activity.
 func (j *Jobs) touchType(tx kv.Tx, typ string) {
+	tx.SetVersionstampedValue(j.watchActivityKey(typ), stampValue)
+}
+
+// bumpPending wakes acceptors of typ blocked on an empty queue. The key
+// holds the versionstamp of the type's last enqueue: a counter that every
+// enqueue advances, written blindly, so that concurrent enqueues never
+// conflict (on FoundationDB) and cost one write (on the embedded store,
+// where an atomic add is a read and a write).
+func (j *Jobs) bumpPending(tx kv.Tx, typ string) {
+	tx.SetVersionstampedValue(j.watchPendingKey(typ), stampValue)
+}
+
+// stampValue is a value holding only this transaction's versionstamp.
+var stampValue = func() []byte {
 	v, err := tuple.Tuple{tuple.IncompleteVersionstamp(0)}.PackWithVersionstamp(nil)
 	if err != nil {
 		panic(err)
 	}
-	tx.SetVersionstampedValue(j.watchActivityKey(typ), v)
-}
-
-// bumpPending wakes acceptors of typ blocked on an empty queue.
-func (j *Jobs) bumpPending(tx kv.Tx, typ string) { tx.Add(j.watchPendingKey(typ), 1) }
+	return v
+}()
 
 // validName checks a type name or job id.
 func validName(what, s string, max int) error {

@@ -20,8 +20,8 @@ import (
 	"github.com/couchjobs/couchjobs/runtime/tuple"
 )
 
-// childEnv carries a helper process's role: "worker PATH NAME GOROUTINES"
-// or "hang PATH".
+// childEnv carries a helper process's role: "worker PATH NAME GOROUTINES",
+// "lifecycles PATH N" or "hang PATH".
 const childEnv = "COUCHJOBS_JOBS_CHILD"
 
 func TestMain(m *testing.M) {
@@ -56,6 +56,14 @@ func runChild(args []string) error {
 		}
 		for range n {
 			if err := <-errs; err != nil {
+				return err
+			}
+		}
+		return nil
+	case "lifecycles":
+		n, _ := strconv.Atoi(args[2])
+		for i := range n {
+			if err := lifecycle(j, fmt.Sprintf("other-%d", i)); err != nil {
 				return err
 			}
 		}
@@ -95,7 +103,7 @@ func work(j *Jobs, name string) error {
 	}
 }
 
-func startChild(t *testing.T, role string) (*exec.Cmd, *bufio.Scanner) {
+func startChild(t testing.TB, role string) (*exec.Cmd, *bufio.Scanner) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"="+role)
 	cmd.Stderr = os.Stderr
@@ -108,6 +116,12 @@ func startChild(t *testing.T, role string) (*exec.Cmd, *bufio.Scanner) {
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	return cmd, bufio.NewScanner(out)
+}
+
+// helper starts a helper process whose output is not read.
+func helper(t testing.TB, role string) *exec.Cmd {
+	cmd, _ := startChild(t, role)
+	return cmd
 }
 
 // TestManyProcessesRunEachJobOnce has 8 goroutines in each of 3 processes

@@ -271,6 +271,9 @@ func (j *Jobs) ClearTypeTimeout(ctx context.Context, typ string) error {
 		tx.Clear(j.timeoutKey(typ))
 		return nil, nil
 	})
+	j.mu.Lock()
+	delete(j.types, typ)
+	j.mu.Unlock()
 	return err
 }
 

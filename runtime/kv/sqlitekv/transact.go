@@ -34,7 +34,7 @@ func (s *Store) attempt(ctx context.Context, fn func(kv.Tx) (any, error)) (resul
 	if err := s.retryBusy(ctx, func() error { _, err := c.begin.ExecContext(bg); return err }); err != nil {
 		return nil, fmt.Errorf("begin transaction: %w", err)
 	}
-	t := &tx{ctx: ctx, c: c, deadline: time.Now().Add(s.opts.TransactionTimeout)}
+	t := &tx{s: s, ctx: ctx, c: c, deadline: time.Now().Add(s.opts.TransactionTimeout)}
 	committed := false
 	defer func() {
 		// Also runs when fn panics, so the lock is never left held.
@@ -124,6 +124,7 @@ func (s *Store) afterCommit(t *tx) {
 		}
 	}
 	if t.mutated {
+		s.lastVersion = t.version
 		s.watches.committed(t.version)
 	}
 	if len(t.watches) > 0 {
