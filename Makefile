@@ -29,10 +29,11 @@ test:
 test-race:
 	$(GO) test -count=1 -short -race $(PKGS)
 
-# Slow suites: the race detector over everything, the conformance suite on
-# the second SQLite driver, and a short fuzzing pass over every decoder.
+# Slow suites: the race detector over everything, a short fuzzing pass over
+# every decoder, the conformance suite on the second SQLite driver, and the
+# full 10,000-job, three-process test of the job layer.
 test-slow: test-race fuzz
-	$(GO) test -count=1 -run 'Modernc' ./runtime/kv/sqlitekv
+	$(GO) test -count=1 -run 'Modernc|ManyProcesses' ./runtime/kv/sqlitekv ./runtime/jobs
 
 # The conformance suite and tuple compatibility against a real cluster.
 test-fdb:

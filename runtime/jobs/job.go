@@ -55,21 +55,32 @@ func (job *Job) owned(tx kv.Tx) (*record, error) {
 	return r, nil
 }
 
+// begin starts every worker call: it checks the worker still holds the
+// job, takes the new data (nil keeps the data), and removes the job's
+// activity entry, which the call replaces or ends.
+func (job *Job) begin(tx kv.Tx, op string, data json.RawMessage) (*record, error) {
+	r, err := job.owned(tx)
+	if err != nil {
+		return nil, err
+	}
+	if data != nil {
+		if r.data, err = checkData(data); err != nil {
+			return nil, fmt.Errorf("%s %s/%s: %w", op, job.Type, job.ID, err)
+		}
+	}
+	tx.Clear(job.j.activityKey(job.Type, r.activityVS(), job.ID))
+	return r, nil
+}
+
 // Update records the worker's progress: new data (nil keeps the data) and
 // fresh activity, which keeps the activity monitor from re-enqueueing the
 // job. It fails with ErrWorkerConflict or ErrCanceled when the worker must
 // stop.
 func (job *Job) Update(tx kv.Tx, data json.RawMessage) error {
-	r, err := job.owned(tx)
+	r, err := job.begin(tx, "update", data)
 	if err != nil {
 		return err
 	}
-	if data != nil {
-		if r.data, err = checkData(data); err != nil {
-			return fmt.Errorf("update %s/%s: %w", job.Type, job.ID, err)
-		}
-	}
-	tx.Clear(job.j.activityKey(job.Type, r.activityVS(), job.ID))
 	tx.SetVersionstampedKey(job.j.stampedActivityKey(job.Type, job.ID), nil)
 	job.j.save(tx, job.Type, job.ID, r, true)
 	job.j.touchType(tx, job.Type)
@@ -89,16 +100,10 @@ func (job *Job) Finish(tx kv.Tx, data json.RawMessage) error {
 }
 
 func (job *Job) finish(tx kv.Tx, b *batch, data json.RawMessage) error {
-	r, err := job.owned(tx)
+	r, err := job.begin(tx, "finish", data)
 	if err != nil {
 		return err
 	}
-	if data != nil {
-		if r.data, err = checkData(data); err != nil {
-			return fmt.Errorf("finish %s/%s: %w", job.Type, job.ID, err)
-		}
-	}
-	tx.Clear(job.j.activityKey(job.Type, r.activityVS(), job.ID))
 	r.lock = nil
 	if r.resubmit {
 		r.state, r.resubmit = Pending, false
@@ -119,14 +124,10 @@ func (job *Job) Resubmit(tx kv.Tx, o ResubmitOptions) error {
 	if err := n.check(); err != nil {
 		return err
 	}
-	r, err := job.owned(tx)
+	r, err := job.begin(tx, "resubmit", n.Data)
 	if err != nil {
 		return err
 	}
-	if n.Data != nil {
-		r.data = n.Data
-	}
-	tx.Clear(job.j.activityKey(job.Type, r.activityVS(), job.ID))
 	r.state, r.lock, r.resubmit, r.priority = Pending, nil, false, n.Priority
 	tx.Set(job.j.pendingKey(job.Type, r.placement, r.priority, job.ID), nil)
 	job.j.save(tx, job.Type, job.ID, r, false)

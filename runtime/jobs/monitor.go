@@ -75,7 +75,7 @@ func (j *Jobs) RunMonitors(ctx context.Context) error {
 				delete(running, name)
 			}
 		}
-		if err := sleepCtx(ctx, jitter(j.opts.MonitorTypesEvery)); err != nil {
+		if err := kv.Sleep(ctx, jitter(j.opts.MonitorTypesEvery)); err != nil {
 			return nil
 		}
 	}
@@ -107,7 +107,7 @@ func (j *Jobs) Monitor(ctx context.Context, typ string) error {
 			}
 		}
 		period := max(timeout/monitorChecksPerTimeout, time.Millisecond)
-		if err := sleepCtx(ctx, jitter(period)); err != nil {
+		if err := kv.Sleep(ctx, jitter(period)); err != nil {
 			return nil
 		}
 	}
@@ -233,15 +233,4 @@ func jitter(d time.Duration) time.Duration {
 		return d
 	}
 	return d + time.Duration(rand.Int64N(int64(d/10)))
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

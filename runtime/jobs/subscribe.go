@@ -273,7 +273,7 @@ func (n *notifier) run(ctx context.Context) {
 				return
 			}
 			n.j.log.Warn("reading subscribed jobs failed; retrying", "type", n.typ, "error", err)
-			if sleepCtx(ctx, 100*time.Millisecond) != nil {
+			if kv.Sleep(ctx, 100*time.Millisecond) != nil {
 				return
 			}
 			continue
