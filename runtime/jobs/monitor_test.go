@@ -240,3 +240,46 @@ func mustVS(t *testing.T, b []byte) tuple.Versionstamp {
 	}
 	return tup[0].(tuple.Versionstamp)
 }
+
+// TestTooLargeFailsCleanly makes the store refuse the commit of an accept,
+// an update and a finish as too large: each call returns the error, and
+// the job is left as it was.
+func TestTooLargeFailsCleanly(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	f := kvtest.NewFaulty(s)
+	j := onStore(t, f, Options{})
+	mustAdd(t, j, NewJob{ID: "a", Data: json.RawMessage(`{"v":0}`)})
+	refuse := func(on bool) {
+		f.SetInject(func(p kvtest.Point) error {
+			if on && p.Op == "commit" {
+				return kv.ErrTransactionTooLarge
+			}
+			return nil
+		})
+	}
+	refuse(true)
+	if _, err := j.Accept(ctx, typ, AcceptOptions{}); !errors.Is(err, kv.ErrTransactionTooLarge) {
+		t.Fatalf("accept: %v", err)
+	}
+	refuse(false)
+	if in := state(t, j, "a"); in.State != Pending {
+		t.Fatalf("after a refused accept the job is %s", in.State)
+	}
+	job := mustAccept(t, j, AcceptOptions{})
+	refuse(true)
+	if err := j.Update(ctx, job, json.RawMessage(`{"v":1}`)); !errors.Is(err, kv.ErrTransactionTooLarge) {
+		t.Fatalf("update: %v", err)
+	}
+	if err := j.Finish(ctx, job, json.RawMessage(`{"v":2}`)); !errors.Is(err, kv.ErrTransactionTooLarge) {
+		t.Fatalf("finish: %v", err)
+	}
+	refuse(false)
+	if in := state(t, j, "a"); in.State != Running || string(in.Data) != `{"v":0}` {
+		t.Fatalf("after refused update and finish: %+v", in)
+	}
+	// The worker still holds the job and can finish it.
+	if err := j.Finish(ctx, job, json.RawMessage(`{"v":3}`)); err != nil {
+		t.Fatal(err)
+	}
+}
