@@ -8,7 +8,11 @@ PKGS    := ./...
 FDBPKGS := ./runtime/kv/fdbkv ./runtime/tuple ./host
 BENCHTIME ?= 2s
 
-.PHONY: all build build-fdb run test test-race test-slow test-fdb check-fdb bench fuzz lint clean
+# The protobuf generators, pinned; protoc itself is Debian's protobuf-compiler.
+PROTOC_GEN_GO      := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
+
+.PHONY: all build build-fdb run test test-race test-slow test-fdb check-fdb bench fuzz lint proto clean
 
 all: lint test
 
@@ -57,6 +61,16 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(MAKE) --no-print-directory check-fdb
+
+# Regenerates the plugin protocol's Go code (committed) from sdk/proto.
+proto:
+	@command -v protoc >/dev/null || { echo "protoc is missing: apt-get install protobuf-compiler"; exit 1; }
+	GOBIN=$(CURDIR)/$(BIN) $(GO) install $(PROTOC_GEN_GO)
+	GOBIN=$(CURDIR)/$(BIN) $(GO) install $(PROTOC_GEN_GO_GRPC)
+	PATH=$(CURDIR)/$(BIN):$$PATH protoc -I sdk/proto \
+		--go_out=sdk/proto --go_opt=paths=source_relative \
+		--go-grpc_out=sdk/proto --go-grpc_opt=paths=source_relative \
+		sdk/proto/couchjobs/plugin/v1/plugin.proto
 
 clean:
 	rm -rf $(BIN) var

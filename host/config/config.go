@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
 )
@@ -24,6 +25,14 @@ type Config struct {
 	Store Store `toml:"store"`
 	// Log configures logging.
 	Log Log `toml:"log"`
+	// PluginDir holds the plugin binaries, couchjobs-<name>; relative to
+	// the configuration file. Default "plugins".
+	PluginDir string `toml:"plugin_dir"`
+	// Plugins are the plugins this node loads, by name. Only plugins named
+	// here are loaded.
+	Plugins map[string]*Plugin `toml:"plugins"`
+	// Scheduler holds the node's job limits.
+	Scheduler Scheduler `toml:"scheduler"`
 
 	// path is the file the configuration was read from; relative paths in
 	// it are relative to its directory.
@@ -52,6 +61,59 @@ type Store struct {
 	// APIVersion is the FoundationDB API version; zero means the default.
 	APIVersion int `toml:"api_version"`
 }
+
+// Plugin configures one plugin.
+type Plugin struct {
+	// Enabled loads the plugin; default true.
+	Enabled *bool `toml:"enabled"`
+	// SHA256, if set, pins the binary: a binary with another digest is
+	// refused.
+	SHA256 string `toml:"sha256"`
+	// MaxJobs caps the plugin's running jobs on this node; 0 means the
+	// node's limit.
+	MaxJobs int `toml:"max_jobs"`
+	// Config is handed to the plugin, which validates it.
+	Config map[string]any `toml:"config"`
+}
+
+// On reports whether the plugin is enabled.
+func (p *Plugin) On() bool { return p.Enabled == nil || *p.Enabled }
+
+// Scheduler holds the node's limits.
+type Scheduler struct {
+	// MaxJobs caps the running jobs on this node, all plugins together;
+	// default 500 (CouchDB's max_jobs).
+	MaxJobs int `toml:"max_jobs"`
+	// MinBackoff and MaxBackoff bound the delay before a crashed job runs
+	// again: MinBackoff × 2^crashes, capped at MaxBackoff. Defaults 1s and
+	// 10m.
+	MinBackoff Duration `toml:"min_backoff"`
+	MaxBackoff Duration `toml:"max_backoff"`
+	// ShutdownGrace is how long running jobs get to checkpoint and stop on
+	// SIGTERM before they are handed back to the queue; default 10s.
+	ShutdownGrace Duration `toml:"shutdown_grace"`
+}
+
+// Duration is a time.Duration written as a string, such as "30s".
+type Duration struct{ time.Duration }
+
+// UnmarshalText parses a duration string.
+func (d *Duration) UnmarshalText(b []byte) error {
+	v, err := time.ParseDuration(string(b))
+	if err != nil {
+		return fmt.Errorf("duration %q: want a number with a unit, such as \"30s\" or \"5m\"", b)
+	}
+	if v < 0 {
+		return fmt.Errorf("duration %q is negative", b)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalText formats the duration.
+func (d Duration) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+var sha256RE = regexp.MustCompile(`^[0-9a-f]{64}$`)
 
 // Log configures logging.
 type Log struct {
@@ -135,6 +197,38 @@ func (c *Config) validate() error {
 	case BackendFDB:
 	default:
 		return fmt.Errorf("store.backend %q: want %q or %q", c.Store.Backend, BackendSQLite, BackendFDB)
+	}
+	if c.PluginDir == "" {
+		c.PluginDir = "plugins"
+	}
+	for name, p := range c.Plugins {
+		if !nameRE.MatchString(name) {
+			return fmt.Errorf("plugins.%s: a plugin name is 1 to 63 letters, digits, '.', '_' or '-'", name)
+		}
+		if p.SHA256 != "" && !sha256RE.MatchString(strings.ToLower(p.SHA256)) {
+			return fmt.Errorf("plugins.%s.sha256: want 64 hexadecimal digits", name)
+		}
+		if p.MaxJobs < 0 {
+			return fmt.Errorf("plugins.%s.max_jobs: %d is negative", name, p.MaxJobs)
+		}
+	}
+	if c.Scheduler.MaxJobs < 0 {
+		return fmt.Errorf("scheduler.max_jobs: %d is negative", c.Scheduler.MaxJobs)
+	}
+	if c.Scheduler.MaxJobs == 0 {
+		c.Scheduler.MaxJobs = 500
+	}
+	if c.Scheduler.MinBackoff.Duration == 0 {
+		c.Scheduler.MinBackoff.Duration = time.Second
+	}
+	if c.Scheduler.MaxBackoff.Duration == 0 {
+		c.Scheduler.MaxBackoff.Duration = 10 * time.Minute
+	}
+	if c.Scheduler.MaxBackoff.Duration < c.Scheduler.MinBackoff.Duration {
+		return fmt.Errorf("scheduler.max_backoff %v is below scheduler.min_backoff %v", c.Scheduler.MaxBackoff, c.Scheduler.MinBackoff)
+	}
+	if c.Scheduler.ShutdownGrace.Duration == 0 {
+		c.Scheduler.ShutdownGrace.Duration = 10 * time.Second
 	}
 	switch strings.ToLower(c.Log.Level) {
 	case "":

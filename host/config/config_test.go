@@ -24,6 +24,11 @@ func TestParse(t *testing.T) {
 		{"bad name", "[node]\nname = \"a b\"\n[store]\npath = \"x\"\n", `node.name "a b"`},
 		{"bad group", "[node]\nname = \"n\"\ngroups = [\"ok\", \"-no\"]\n[store]\npath = \"x\"\n", `node.groups: "-no"`},
 		{"bad level", "[node]\nname = \"n\"\n[store]\npath = \"x\"\n[log]\nlevel = \"loud\"\n", `log.level "loud"`},
+		{"plugins", "[node]\nname = \"n\"\n[store]\npath = \"x\"\n[plugins.shell]\nmax_jobs = 4\n[plugins.shell.config]\nanything = [1, \"goes\"]\n", ""},
+		{"bad plugin key", "[node]\nname = \"n\"\n[store]\npath = \"x\"\n[plugins.shell]\nmaxjobs = 4\n", "unknown key plugins.shell.maxjobs"},
+		{"bad sha", "[node]\nname = \"n\"\n[store]\npath = \"x\"\n[plugins.shell]\nsha256 = \"abc\"\n", "plugins.shell.sha256"},
+		{"bad duration", "[node]\nname = \"n\"\n[store]\npath = \"x\"\n[scheduler]\nmin_backoff = \"soon\"\n", `duration "soon"`},
+		{"backoff order", "[node]\nname = \"n\"\n[store]\npath = \"x\"\n[scheduler]\nmin_backoff = \"1h\"\nmax_backoff = \"1m\"\n", "scheduler.max_backoff"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

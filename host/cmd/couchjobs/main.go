@@ -1,5 +1,6 @@
 // Command couchjobs is the couchjobs node and its command-line tools.
 //
+//	couchjobs run           [-config runtime.toml]   run a node until SIGTERM or SIGINT
 //	couchjobs store status  [-config runtime.toml]   what the store holds
 //	couchjobs store check   [-config runtime.toml]   verify the store's files
 //	couchjobs store ls      [-config runtime.toml] [-limit N] [ELEMENT...]
@@ -29,6 +30,7 @@ import (
 const usage = `usage: couchjobs COMMAND [ARGS]
 
 Commands:
+  run            run a node: its plugins and their jobs, until SIGTERM or SIGINT
   store status   show the store a runtime.toml names: backend, keys, commits, size
   store check    verify the store's files (the embedded store's integrity check)
   store ls       list keys under a tuple prefix, decoded as tuples
@@ -51,6 +53,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return errors.New("no command given")
 	}
 	switch args[0] {
+	case "run":
+		return runNode(ctx, args[1:])
 	case "store":
 		if len(args) < 2 {
 			return errors.New("store: want status, check or ls")
@@ -71,6 +75,28 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	return fmt.Errorf("unknown command %q\n%s", args[0], usage)
 }
 
+// runNode runs a node until ctx is done (SIGTERM or SIGINT).
+func runNode(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	path := fs.String("config", "runtime.toml", "the node's configuration file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, err := config.Load(*path)
+	if err != nil {
+		return err
+	}
+	n, err := host.NewNode(cfg, newLogger(cfg), host.Options{})
+	if err != nil {
+		return err
+	}
+	return n.Run(ctx)
+}
+
+func newLogger(cfg *config.Config) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{Name: "couchjobs", Level: hclog.LevelFromString(cfg.Log.Level), JSONFormat: cfg.Log.JSON})
+}
+
 // openStore parses the common -config flag and opens the store.
 func openStore(fs *flag.FlagSet, args []string) (*config.Config, kv.Store, error) {
 	path := fs.String("config", "runtime.toml", "the node's configuration file")
@@ -81,8 +107,7 @@ func openStore(fs *flag.FlagSet, args []string) (*config.Config, kv.Store, error
 	if err != nil {
 		return nil, nil, err
 	}
-	log := hclog.New(&hclog.LoggerOptions{Name: "couchjobs", Level: hclog.LevelFromString(cfg.Log.Level), JSONFormat: cfg.Log.JSON})
-	s, err := host.OpenStore(cfg, log)
+	s, err := host.OpenStore(cfg, newLogger(cfg))
 	if err != nil {
 		return nil, nil, err
 	}

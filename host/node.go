@@ -1,0 +1,143 @@
+package host
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/couchjobs/couchjobs/host/config"
+	"github.com/couchjobs/couchjobs/runtime/jobs"
+	"github.com/couchjobs/couchjobs/runtime/kv"
+)
+
+// Options tune a node beyond its configuration file; tests use them.
+type Options struct {
+	// PluginStartTimeout bounds a plugin's handshake; default 10 s.
+	PluginStartTimeout time.Duration
+}
+
+// Node is a couchjobs node: it runs the plugins its configuration names
+// and the jobs of their types, against the store the configuration names.
+type Node struct {
+	cfg   *config.Config
+	opts  Options
+	log   hclog.Logger
+	store kv.Store
+	jobs  *jobs.Jobs
+	// slots caps the node's running jobs, all plugins together.
+	slots   chan struct{}
+	plugins []*plugin
+	metrics metrics
+}
+
+// metrics are the node's counters, for the API and /metrics.
+type metrics struct {
+	pluginRestarts atomic.Int64
+	accepts        atomic.Int64
+	acceptNanos    atomic.Int64
+}
+
+func (m *metrics) observeAccept(d time.Duration, n int) {
+	m.accepts.Add(int64(n))
+	m.acceptNanos.Add(int64(d))
+}
+
+// NewNode opens the configured store. Run starts the node.
+func NewNode(cfg *config.Config, log hclog.Logger, opts Options) (*Node, error) {
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	if opts.PluginStartTimeout <= 0 {
+		opts.PluginStartTimeout = 10 * time.Second
+	}
+	store, err := OpenStore(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{
+		cfg: cfg, opts: opts, log: log, store: store,
+		jobs:  jobs.New(store, jobs.Options{Logger: log}),
+		slots: make(chan struct{}, cfg.Scheduler.MaxJobs),
+	}
+	names := make([]string, 0, len(cfg.Plugins))
+	for name, p := range cfg.Plugins {
+		if p.On() {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		n.plugins = append(n.plugins, newPlugin(n, name, cfg.Plugins[name]))
+	}
+	return n, nil
+}
+
+// Jobs returns the node's job layer.
+func (n *Node) Jobs() *jobs.Jobs { return n.jobs }
+
+// Store returns the node's store.
+func (n *Node) Store() kv.Store { return n.store }
+
+// Plugins reports the state of every plugin the node runs.
+func (n *Node) Plugins() []PluginStatus {
+	out := make([]PluginStatus, len(n.plugins))
+	for i, p := range n.plugins {
+		out[i] = p.Status()
+	}
+	return out
+}
+
+// typeOwner returns the name of another plugin that declared job type t.
+func (n *Node) typeOwner(t string, except *plugin) string {
+	for _, p := range n.plugins {
+		if p == except {
+			continue
+		}
+		if st := p.Status(); slices.Contains(st.Types, t) {
+			return p.name
+		}
+	}
+	return ""
+}
+
+// Run runs the node until ctx is done, then shuts it down gracefully: it
+// stops accepting, asks running jobs to checkpoint and stop within the
+// shutdown grace, hands back those that do not (so that another node
+// starts them at once, not after the activity timeout), and stops the
+// plugins. It closes the store before returning.
+func (n *Node) Run(ctx context.Context) error {
+	defer n.store.Close()
+	defer n.jobs.Close()
+	runCtx, stopRun := context.WithCancel(context.Background())
+	defer stopRun()
+	acceptCtx, stopAccepting := context.WithCancel(runCtx)
+	var wg sync.WaitGroup
+	wg.Go(func() { n.jobs.RunMonitors(runCtx) })
+	for _, p := range n.plugins {
+		wg.Go(func() { p.run(runCtx, acceptCtx) })
+	}
+	n.log.Info("node running", "node", n.cfg.Node.Name, "store", n.cfg.Store.Backend, "plugins", len(n.plugins))
+	<-ctx.Done()
+
+	grace := n.cfg.Scheduler.ShutdownGrace.Duration
+	n.log.Info("shutting down", "grace", grace)
+	stopAccepting()
+	var drain sync.WaitGroup
+	for _, p := range n.plugins {
+		drain.Go(func() { p.drain(grace) })
+	}
+	drain.Wait()
+	stopRun()
+	wg.Wait()
+	n.log.Info("node stopped")
+	return nil
+}
+
+// String names the node in logs.
+func (n *Node) String() string { return fmt.Sprintf("node %s", n.cfg.Node.Name) }

@@ -1,0 +1,303 @@
+package host
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/couchjobs/couchjobs/host/config"
+	"github.com/couchjobs/couchjobs/runtime/jobs"
+	"github.com/couchjobs/couchjobs/runtime/kv"
+)
+
+// pluginDir holds the test plugin built under every name the tests use.
+var pluginDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "couchjobs-plugins")
+	if err != nil {
+		panic(err)
+	}
+	pluginDir = dir
+	bin := filepath.Join(dir, "couchjobs-alpha")
+	if out, err := exec.Command("go", "build", "-o", bin, "./testdata/testplugin").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "build the test plugin: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	for _, name := range []string{"beta", "stdout", "hang", "cookie", "version", "crashy", "rejecting"} {
+		if err := os.Link(bin, filepath.Join(dir, "couchjobs-"+name)); err != nil {
+			panic(err)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+type testNode struct {
+	*Node
+	stop func()
+	done chan error
+}
+
+// startNode runs a node with the given extra configuration until the test
+// ends.
+func startNode(t *testing.T, extra string) *testNode {
+	t.Helper()
+	text := fmt.Sprintf(`
+plugin_dir = %q
+[node]
+name = "n1"
+[store]
+path = %q
+[scheduler]
+min_backoff = "50ms"
+max_backoff = "200ms"
+shutdown_grace = "2s"
+`, pluginDir, filepath.Join(t.TempDir(), "store.db")) + extra
+	cfg, err := config.Parse(filepath.Join(t.TempDir(), "runtime.toml"), []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	level := hclog.Warn
+	if os.Getenv("COUCHJOBS_TEST_DEBUG") != "" {
+		level = hclog.Debug
+	}
+	log := hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: level, Output: testWriter{t}})
+	n, err := NewNode(cfg, log, Options{PluginStartTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tn := &testNode{Node: n, stop: cancel, done: make(chan error, 1)}
+	go func() { tn.done <- n.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-tn.done:
+		case <-time.After(30 * time.Second):
+			t.Error("the node did not stop")
+		}
+	})
+	return tn
+}
+
+// testWriter sends logs to the test's log, so they show only on failure.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(strings.TrimRight(string(b), "\n"))
+	return len(b), nil
+}
+
+// waitFor polls cond until it holds or the timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (n *testNode) plugin(name string) PluginStatus {
+	for _, p := range n.Plugins() {
+		if p.Name == name {
+			return p
+		}
+	}
+	return PluginStatus{}
+}
+
+func (n *testNode) waitRunning(t *testing.T, name string) {
+	t.Helper()
+	waitFor(t, 20*time.Second, "plugin "+name+" to run", func() bool { return n.plugin(name).State == PluginRunning })
+}
+
+func (n *testNode) add(t *testing.T, typ, id, data string) {
+	t.Helper()
+	if err := n.Jobs().Add(context.Background(), jobs.NewJob{Type: typ, ID: id, Data: json.RawMessage(data)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (n *testNode) get(t *testing.T, typ, id string) jobs.Info {
+	t.Helper()
+	in, err := n.Jobs().Get(context.Background(), typ, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
+
+func (n *testNode) waitState(t *testing.T, typ, id string, state jobs.State) jobs.Info {
+	t.Helper()
+	var in jobs.Info
+	waitFor(t, 20*time.Second, fmt.Sprintf("job %s/%s to be %s", typ, id, state), func() bool {
+		in = n.get(t, typ, id)
+		return in.State == state
+	})
+	return in
+}
+
+func meta(t *testing.T, in jobs.Info) map[string]any {
+	t.Helper()
+	var d struct {
+		Meta map[string]any `json:"_couchjobs"`
+	}
+	if err := json.Unmarshal(in.Data, &d); err != nil {
+		t.Fatalf("job data %s: %v", in.Data, err)
+	}
+	return d.Meta
+}
+
+func TestEndToEnd(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "[plugins.alpha]\n")
+	n.waitRunning(t, "alpha")
+	const count = 20
+	for i := range count {
+		n.add(t, "alpha", fmt.Sprintf("job-%02d", i), `{"updates":2,"write":"out"}`)
+	}
+	for i := range count {
+		in := n.waitState(t, "alpha", fmt.Sprintf("job-%02d", i), jobs.Finished)
+		var d struct {
+			Done bool   `json:"done"`
+			ID   string `json:"id"`
+		}
+		json.Unmarshal(in.Data, &d)
+		if !d.Done || d.ID != in.ID || meta(t, in)["outcome"] != "completed" {
+			t.Fatalf("finished job data: %s", in.Data)
+		}
+	}
+	// Every update's writes landed in the plugin's subspace.
+	v, err := n.Store().ReadTransact(context.Background(), func(tx kv.ReadTx) (any, error) {
+		return tx.GetRange(kv.Sub("plugins", "alpha").Range(), kv.RangeOptions{})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(v.([]kv.KeyValue)); got != 2*count {
+		t.Fatalf("%d writes in the plugin's subspace, want %d", got, 2*count)
+	}
+	// Failures are terminal and say why.
+	n.add(t, "alpha", "bad", `{"fail":"the input is wrong"}`)
+	in := n.waitState(t, "alpha", "bad", jobs.Finished)
+	if m := meta(t, in); m["outcome"] != "failed" || m["reason"] != "the input is wrong" {
+		t.Fatalf("failed job: %s", in.Data)
+	}
+}
+
+func TestPluginKilledMidJobIsRelaunched(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "[plugins.alpha]\n")
+	n.waitRunning(t, "alpha")
+	n.add(t, "alpha", "victim", `{"exit_once":"died-once"}`)
+	in := n.waitState(t, "alpha", "victim", jobs.Finished)
+	if m := meta(t, in); m["outcome"] != "completed" {
+		t.Fatalf("the job did not complete on its second run: %s", in.Data)
+	}
+	if st := n.plugin("alpha"); st.Restarts < 1 {
+		t.Fatalf("the plugin was not relaunched: %+v", st)
+	}
+}
+
+func TestBadPluginsFailClearly(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, `
+[plugins.alpha]
+[plugins.stdout]
+[plugins.hang]
+[plugins.cookie]
+[plugins.version]
+[plugins.missing]
+[plugins.beta]
+sha256 = "0000000000000000000000000000000000000000000000000000000000000000"
+[plugins.rejecting.config]
+reject = "rejecting needs a server list"
+`)
+	want := map[string]string{
+		"stdout":    "wrote something else than the go-plugin handshake to stdout",
+		"hang":      "did not complete its handshake in time",
+		"cookie":    "exited at launch",
+		"version":   "another plugin protocol version",
+		"missing":   "couchjobs-missing",
+		"beta":      "plugins.beta.sha256 does not match",
+		"rejecting": "plugins.rejecting.config.reject: rejecting needs a server list",
+	}
+	for name, text := range want {
+		waitFor(t, 20*time.Second, "plugin "+name+" to fail", func() bool { return n.plugin(name).State == PluginFailed })
+		if st := n.plugin(name); !strings.Contains(st.Error, text) {
+			t.Errorf("plugin %s: error %q does not say %q", name, st.Error, text)
+		}
+	}
+	// The good plugin serves its jobs all along.
+	n.waitRunning(t, "alpha")
+	n.add(t, "alpha", "fine", `{}`)
+	n.waitState(t, "alpha", "fine", jobs.Finished)
+}
+
+func TestPanicsAreReported(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "[plugins.alpha]\n[plugins.crashy]\n")
+	n.waitRunning(t, "alpha")
+	n.add(t, "alpha", "p", `{"panic":"kaboom"}`)
+	waitFor(t, 20*time.Second, "the panic to be recorded", func() bool {
+		m := meta(t, n.get(t, "alpha", "p"))
+		return m != nil && m["outcome"] == "crashed"
+	})
+	m := meta(t, n.get(t, "alpha", "p"))
+	if r, _ := m["reason"].(string); !strings.Contains(r, "panic: kaboom") {
+		t.Fatalf("crash reason %q lacks the panic text", r)
+	}
+	// A plugin that panics outside a job is relaunched.
+	waitFor(t, 20*time.Second, "the crashy plugin to be relaunched", func() bool { return n.plugin("crashy").Restarts >= 1 })
+}
+
+func TestGracefulShutdownHandsJobsBack(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "[plugins.alpha]\n")
+	n.waitRunning(t, "alpha")
+	n.add(t, "alpha", "long", `{"sleep_ms":60000}`)
+	n.add(t, "alpha", "stubborn", `{"sleep_ms":60000,"ignore_stop":true}`)
+	n.waitState(t, "alpha", "long", jobs.Running)
+	n.waitState(t, "alpha", "stubborn", jobs.Running)
+	start := time.Now()
+	n.stop()
+	select {
+	case <-n.done:
+		n.done <- nil
+	case <-time.After(20 * time.Second):
+		t.Fatal("the node did not stop")
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("shutdown took %v with a 2s grace", d)
+	}
+	// Reopen the store: both jobs are pending again, without waiting for
+	// the activity timeout.
+	cfg := n.cfg
+	s, err := OpenStore(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	j := jobs.New(s, jobs.Options{})
+	defer j.Close()
+	for _, id := range []string{"long", "stubborn"} {
+		in, err := j.Get(context.Background(), "alpha", id)
+		if err != nil || in.State != jobs.Pending {
+			t.Fatalf("%s after shutdown: %v %v", id, in.State, err)
+		}
+	}
+}

@@ -1,0 +1,127 @@
+// Command testplugin is the plugin the host's tests run. Built as
+// couchjobs-NAME, it is plugin NAME with one job type, NAME; some names
+// make it misbehave at launch, as the tests need: "stdout" prints before
+// the handshake, "hang" never starts, "cookie" has the wrong magic cookie,
+// "version" speaks protocol version 99, "crashy" panics outside any job.
+//
+// A job's data says what its run does: {"sleep_ms": N, "updates": N,
+// "write": "key", "fail": "reason", "crash": "reason", "panic": "text",
+// "exit_once": "marker", "ignore_stop": true}.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	goplugin "github.com/hashicorp/go-plugin"
+
+	"github.com/couchjobs/couchjobs/sdk"
+)
+
+type spec struct {
+	SleepMS    int    `json:"sleep_ms"`
+	Updates    int    `json:"updates"`
+	Write      string `json:"write"`
+	Fail       string `json:"fail"`
+	Crash      string `json:"crash"`
+	Panic      string `json:"panic"`
+	ExitOnce   string `json:"exit_once"`
+	IgnoreStop bool   `json:"ignore_stop"`
+}
+
+func run(ctx context.Context, job *sdk.Job) error {
+	var s spec
+	if err := job.Decode(&s); err != nil {
+		return sdk.Fail(err)
+	}
+	if s.ExitOnce != "" {
+		seen, err := job.Host().Get(ctx, []byte(s.ExitOnce))
+		if err != nil {
+			return err
+		}
+		if seen == nil {
+			if err := job.Update(ctx, sdk.Update{Writes: []sdk.Write{sdk.Set([]byte(s.ExitOnce), []byte("1"))}}); err != nil {
+				return err
+			}
+			os.Exit(7) // the plugin dies mid-job
+		}
+	}
+	for i := range s.Updates {
+		u := sdk.Update{Data: map[string]any{"step": i + 1}, Fraction: float64(i+1) / float64(s.Updates)}
+		if s.Write != "" {
+			u.Writes = []sdk.Write{sdk.Set([]byte(fmt.Sprintf("%s/%s/%d", s.Write, job.ID, i)), []byte(job.ID))}
+		}
+		if err := job.Update(ctx, u); err != nil {
+			return err
+		}
+	}
+	if s.SleepMS > 0 {
+		t := time.NewTimer(time.Duration(s.SleepMS) * time.Millisecond)
+		defer t.Stop()
+		if s.IgnoreStop {
+			<-t.C
+		} else {
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+	}
+	switch {
+	case s.Panic != "":
+		panic(s.Panic)
+	case s.Fail != "":
+		return sdk.Fail(errors.New(s.Fail))
+	case s.Crash != "":
+		return errors.New(s.Crash)
+	}
+	return job.SetResult(map[string]any{"done": true, "id": job.ID})
+}
+
+func main() {
+	name := strings.TrimPrefix(filepath.Base(os.Args[0]), "couchjobs-")
+	p := &sdk.Plugin{
+		Name:    name,
+		Version: "0.0.1-test",
+		Types:   []sdk.Type{{Name: name, ActivityTimeout: 2 * time.Second, Worker: sdk.WorkerFunc(run)}},
+		Configure: func(_ context.Context, c *sdk.Config) error {
+			var cfg struct {
+				Reject string `json:"reject"`
+			}
+			if err := c.Decode(&cfg); err != nil {
+				return err
+			}
+			if cfg.Reject != "" {
+				return sdk.ConfigErrors{{Key: "reject", Message: cfg.Reject}}
+			}
+			return nil
+		},
+	}
+	switch name {
+	case "stdout":
+		fmt.Println("hello from a plugin that prints before its handshake")
+	case "hang":
+		select {}
+	case "cookie":
+		sdk.Handshake.MagicCookieValue = "not-the-couchjobs-cookie"
+	case "version":
+		goplugin.Serve(&goplugin.ServeConfig{
+			HandshakeConfig:  sdk.Handshake,
+			VersionedPlugins: map[int]goplugin.PluginSet{99: {sdk.PluginKey: &sdk.GRPCPlugin{Impl: p}}},
+			GRPCServer:       goplugin.DefaultGRPCServer,
+		})
+		return
+	case "crashy":
+		go func() {
+			time.Sleep(300 * time.Millisecond)
+			panic("crashy plugin: a bug outside any job")
+		}()
+	}
+	sdk.Serve(p)
+}

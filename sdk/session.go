@@ -1,0 +1,384 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	goplugin "github.com/hashicorp/go-plugin"
+
+	pluginv1 "github.com/couchjobs/couchjobs/sdk/proto/couchjobs/plugin/v1"
+)
+
+// server is the plugin's side of the protocol.
+type server struct {
+	pluginv1.UnimplementedPluginServer
+	p      *Plugin
+	broker *goplugin.GRPCBroker
+	log    hclog.Logger
+	types  map[string]*Type
+	host   *Host
+}
+
+func newServer(p *Plugin, broker *goplugin.GRPCBroker) *server {
+	s := &server{p: p, broker: broker, log: p.Logger, types: map[string]*Type{}}
+	for i := range p.Types {
+		s.types[p.Types[i].Name] = &p.Types[i]
+	}
+	return s
+}
+
+func (s *server) Describe(context.Context, *pluginv1.DescribeRequest) (*pluginv1.DescribeResponse, error) {
+	resp := &pluginv1.DescribeResponse{Name: s.p.Name, Version: s.p.Version}
+	for _, t := range s.p.Types {
+		resp.Types = append(resp.Types, &pluginv1.JobType{
+			Name: t.Name, ActivityTimeoutMs: t.ActivityTimeout.Milliseconds(),
+			Continuous: t.Continuous, ConfigSchema: t.ConfigSchema,
+		})
+	}
+	return resp, nil
+}
+
+func (s *server) Configure(ctx context.Context, req *pluginv1.ConfigureRequest) (*pluginv1.ConfigureResponse, error) {
+	if s.broker != nil && req.HostBrokerId != 0 {
+		conn, err := s.broker.DialWithOptions(req.HostBrokerId, dialOptions()...)
+		if err != nil {
+			return nil, fmt.Errorf("dial the host service: %w", err)
+		}
+		s.host = &Host{c: pluginv1.NewHostClient(conn)}
+	}
+	if s.p.Configure == nil {
+		return &pluginv1.ConfigureResponse{}, nil
+	}
+	cfg := req.ConfigJson
+	if len(cfg) == 0 {
+		cfg = []byte("{}")
+	}
+	err := s.p.Configure(ctx, &Config{JSON: cfg, Node: req.NodeName, Host: s.host})
+	resp := &pluginv1.ConfigureResponse{}
+	var ces ConfigErrors
+	switch {
+	case err == nil:
+	case errors.As(err, &ces):
+		for _, c := range ces {
+			resp.Errors = append(resp.Errors, &pluginv1.ConfigError{Key: c.Key, Message: c.Message})
+		}
+	default:
+		resp.Errors = append(resp.Errors, &pluginv1.ConfigError{Message: err.Error()})
+	}
+	return resp, nil
+}
+
+func (s *server) Session(stream pluginv1.Plugin_SessionServer) error {
+	sess := &session{
+		srv:  s,
+		out:  make(chan any, 1024),
+		runs: map[uint64]*run{},
+	}
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Go(func() { sess.send(ctx, stream) })
+	err := sess.receive(ctx, stream)
+	cancel()
+	sess.stopAll(StopLost)
+	wg.Wait()
+	sess.runsWG.Wait()
+	return err
+}
+
+// session is one Session stream and the runs on it.
+type session struct {
+	srv    *server
+	out    chan any // *pluginv1.Update and *pluginv1.End, for the sender
+	mu     sync.Mutex
+	runs   map[uint64]*run
+	runsWG sync.WaitGroup
+}
+
+// send batches everything queued into one message and sends it, so that
+// under load many updates and ends share one gRPC message.
+func (s *session) send(ctx context.Context, stream pluginv1.Plugin_SessionServer) {
+	const maxBatch = 512
+	for {
+		var first any
+		select {
+		case first = <-s.out:
+		case <-ctx.Done():
+			return
+		}
+		msg := &pluginv1.PluginMessage{}
+		add := func(m any) {
+			switch m := m.(type) {
+			case *pluginv1.Update:
+				msg.Updates = append(msg.Updates, m)
+			case *pluginv1.End:
+				msg.Ends = append(msg.Ends, m)
+			}
+		}
+		add(first)
+	drain:
+		for len(msg.Updates)+len(msg.Ends) < maxBatch {
+			select {
+			case m := <-s.out:
+				add(m)
+			default:
+				break drain
+			}
+		}
+		if err := stream.Send(msg); err != nil {
+			s.srv.log.Error("session send failed", "error", err)
+			return
+		}
+	}
+}
+
+func (s *session) enqueue(ctx context.Context, m any) error {
+	select {
+	case s.out <- m:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (s *session) receive(ctx context.Context, stream pluginv1.Plugin_SessionServer) error {
+	for {
+		msg, err := stream.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		for _, st := range msg.Starts {
+			s.start(ctx, st)
+		}
+		for _, a := range msg.Acks {
+			if r := s.get(a.Handle); r != nil {
+				r.ack(a)
+			}
+		}
+		for _, st := range msg.Stops {
+			if r := s.get(st.Handle); r != nil {
+				r.stop(stopReason(st.Reason))
+			}
+		}
+	}
+}
+
+func stopReason(r pluginv1.StopJob_Reason) StopReason {
+	switch r {
+	case pluginv1.StopJob_CANCEL:
+		return StopCancel
+	case pluginv1.StopJob_SHUTDOWN:
+		return StopShutdown
+	}
+	return StopPreempt
+}
+
+func (s *session) get(h uint64) *run {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.runs[h]
+}
+
+func (s *session) stopAll(reason StopReason) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range s.runs {
+		r.stop(reason)
+	}
+}
+
+// run is one running job.
+type run struct {
+	sess   *session
+	handle uint64
+	job    *Job
+	log    hclog.Logger
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu      sync.Mutex
+	seq     uint64
+	waiting map[uint64]chan *pluginv1.Ack
+	last    time.Time // when the last update was sent
+}
+
+func (s *session) start(parent context.Context, st *pluginv1.StartJob) {
+	ctx, cancel := context.WithCancelCause(parent)
+	r := &run{
+		sess: s, handle: st.Handle, ctx: ctx, cancel: cancel,
+		log:     s.srv.log.With("type", st.Type, "id", st.Id),
+		waiting: map[uint64]chan *pluginv1.Ack{},
+		last:    time.Now(),
+	}
+	r.job = &Job{Type: st.Type, ID: st.Id, Data: st.Data, Priority: st.Priority, Group: st.Group, run: r}
+	s.mu.Lock()
+	s.runs[st.Handle] = r
+	s.mu.Unlock()
+	t := s.srv.types[st.Type]
+	s.runsWG.Go(func() {
+		defer func() {
+			s.mu.Lock()
+			delete(s.runs, r.handle)
+			s.mu.Unlock()
+			cancel(nil)
+		}()
+		if t == nil || t.Worker == nil {
+			r.end(crashed(fmt.Errorf("this plugin has no worker for job type %q", st.Type)))
+			return
+		}
+		hb := time.Duration(st.HeartbeatMs) * time.Millisecond
+		if hb > 0 {
+			stop := make(chan struct{})
+			defer close(stop)
+			go r.heartbeat(hb, stop)
+		}
+		r.end(r.work(t.Worker))
+	})
+}
+
+// crashed marks an error as a crash, for end.
+type crash struct{ err error }
+
+func (c *crash) Error() string { return c.err.Error() }
+
+func crashed(err error) error { return &crash{err: err} }
+
+// work runs the worker, turning a panic into a crash with its stack.
+func (r *run) work(w Worker) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = crashed(fmt.Errorf("panic: %v\n%s", p, debug.Stack()))
+		}
+	}()
+	return w.Run(r.ctx, r.job)
+}
+
+// end reports the run's outcome.
+func (r *run) end(err error) {
+	r.mu.Lock()
+	r.seq++
+	seq := r.seq
+	r.mu.Unlock()
+	r.job.mu.Lock()
+	data := r.job.result
+	r.job.mu.Unlock()
+	e := &pluginv1.End{Handle: r.handle, Seq: seq, Data: data}
+	var (
+		f  *failure
+		rs *resubmit
+		c  *crash
+	)
+	reason, stopped := Stopped(r.ctx)
+	switch {
+	case err == nil:
+		e.Outcome = pluginv1.End_COMPLETED
+	case errors.As(err, &f):
+		e.Outcome, e.Reason = pluginv1.End_FAILED, f.Error()
+	case errors.As(err, &rs):
+		e.Outcome = pluginv1.End_RESUBMIT
+		if !rs.at.IsZero() {
+			e.ResubmitAtMs = rs.at.UnixMilli()
+		}
+	case stopped && (reason == StopPreempt || reason == StopShutdown):
+		// The worker returned because it was asked to stop: it runs again.
+		e.Outcome = pluginv1.End_RESUBMIT
+	case errors.As(err, &c):
+		e.Outcome, e.Reason = pluginv1.End_CRASHED, c.Error()
+	default:
+		e.Outcome, e.Reason = pluginv1.End_CRASHED, err.Error()
+	}
+	if e.Outcome == pluginv1.End_CRASHED {
+		r.log.Error("job crashed", "error", e.Reason)
+	}
+	// The session context, not the run's: the end must go out even when
+	// the run was stopped.
+	r.sess.enqueue(context.Background(), e)
+}
+
+// update sends an update and waits for its ack.
+func (r *run) update(ctx context.Context, u *pluginv1.Update) error {
+	r.mu.Lock()
+	r.seq++
+	u.Handle, u.Seq = r.handle, r.seq
+	ch := make(chan *pluginv1.Ack, 1)
+	r.waiting[u.Seq] = ch
+	r.last = time.Now()
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		delete(r.waiting, u.Seq)
+		r.mu.Unlock()
+	}()
+	if err := r.sess.enqueue(ctx, u); err != nil {
+		return err
+	}
+	select {
+	case a := <-ch:
+		return ackError(a)
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-r.ctx.Done():
+		return context.Cause(r.ctx)
+	}
+}
+
+func ackError(a *pluginv1.Ack) error {
+	switch a.Status {
+	case pluginv1.Ack_OK:
+		return nil
+	case pluginv1.Ack_CONFLICT:
+		return ErrConflict
+	case pluginv1.Ack_CANCELED:
+		return ErrCanceled
+	}
+	return fmt.Errorf("sdk: the host refused the update: %s", a.Message)
+}
+
+func (r *run) ack(a *pluginv1.Ack) {
+	switch a.Status {
+	case pluginv1.Ack_CONFLICT:
+		r.cancel(&stopError{reason: StopLost})
+	case pluginv1.Ack_CANCELED:
+		r.cancel(&stopError{reason: StopCancel})
+	}
+	r.mu.Lock()
+	ch := r.waiting[a.Seq]
+	r.mu.Unlock()
+	if ch != nil {
+		ch <- a
+	}
+}
+
+func (r *run) stop(reason StopReason) { r.cancel(&stopError{reason: reason}) }
+
+// heartbeat sends an empty update whenever the run has sent none for a
+// heartbeat interval, so that a live job is never taken for a dead one.
+func (r *run) heartbeat(every time.Duration, stop <-chan struct{}) {
+	t := time.NewTicker(every / 2)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+			r.mu.Lock()
+			due := time.Since(r.last) >= every
+			r.mu.Unlock()
+			if due {
+				if err := r.update(r.ctx, &pluginv1.Update{}); err != nil && r.ctx.Err() == nil {
+					r.log.Warn("heartbeat failed", "error", err)
+				}
+			}
+		}
+	}
+}
