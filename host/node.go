@@ -34,6 +34,7 @@ type Node struct {
 	slots   chan struct{}
 	plugins []*plugin
 	metrics metrics
+	apiAddr string // where the API listens, once it does
 }
 
 // metrics are the node's counters, for the API and /metrics.
@@ -114,10 +115,18 @@ func (n *Node) typeOwner(t string, except *plugin) string {
 func (n *Node) Run(ctx context.Context) error {
 	defer n.store.Close()
 	defer n.jobs.Close()
+	ln, err := n.listenAPI()
+	if err != nil {
+		return err
+	}
 	runCtx, stopRun := context.WithCancel(context.Background())
 	defer stopRun()
 	acceptCtx, stopAccepting := context.WithCancel(runCtx)
 	var wg sync.WaitGroup
+	if ln != nil {
+		wg.Go(func() { n.serveAPI(runCtx, ln) })
+	}
+	wg.Go(func() { n.heartbeat(runCtx) })
 	wg.Go(func() { n.jobs.RunMonitors(runCtx) })
 	for _, p := range n.plugins {
 		wg.Go(func() { p.run(runCtx, acceptCtx) })

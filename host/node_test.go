@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/couchjobs/couchjobs/host/config"
 	"github.com/couchjobs/couchjobs/runtime/jobs"
@@ -20,6 +21,15 @@ import (
 
 // pluginDir holds the test plugin built under every name the tests use.
 var pluginDir string
+
+// adminHash is the bcrypt hash of the test admin's password, "secret".
+var adminHash = func() string {
+	h, err := bcrypt.GenerateFromPassword([]byte("secret"), bcrypt.MinCost)
+	if err != nil {
+		panic(err)
+	}
+	return string(h)
+}()
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "couchjobs-plugins")
@@ -58,11 +68,14 @@ plugin_dir = %q
 name = "n1"
 [store]
 path = %q
+[http]
+listen = "127.0.0.1:0"
+admins = { admin = %q }
 [scheduler]
 min_backoff = "50ms"
 max_backoff = "200ms"
 shutdown_grace = "2s"
-`, pluginDir, filepath.Join(t.TempDir(), "store.db")) + extra
+`, pluginDir, filepath.Join(t.TempDir(), "store.db"), adminHash) + extra
 	cfg, err := config.Parse(filepath.Join(t.TempDir(), "runtime.toml"), []byte(text))
 	if err != nil {
 		t.Fatal(err)

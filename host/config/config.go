@@ -33,6 +33,8 @@ type Config struct {
 	Plugins map[string]*Plugin `toml:"plugins"`
 	// Scheduler holds the node's job limits.
 	Scheduler Scheduler `toml:"scheduler"`
+	// HTTP configures the node's API.
+	HTTP HTTP `toml:"http"`
 
 	// path is the file the configuration was read from; relative paths in
 	// it are relative to its directory.
@@ -93,6 +95,19 @@ type Scheduler struct {
 	// SIGTERM before they are handed back to the queue; default 10s.
 	ShutdownGrace Duration `toml:"shutdown_grace"`
 }
+
+// HTTP configures the node's HTTP API.
+type HTTP struct {
+	// Listen is the API's address; default "127.0.0.1:5985". Empty
+	// string "off" disables the API.
+	Listen string `toml:"listen"`
+	// Admins maps admin names to bcrypt hashes of their passwords
+	// (couchjobs passwd makes one). Mutating endpoints need an admin.
+	Admins map[string]string `toml:"admins"`
+}
+
+// DefaultListen is the API's default address.
+const DefaultListen = "127.0.0.1:5985"
 
 // Duration is a time.Duration written as a string, such as "30s".
 type Duration struct{ time.Duration }
@@ -229,6 +244,17 @@ func (c *Config) validate() error {
 	}
 	if c.Scheduler.ShutdownGrace.Duration == 0 {
 		c.Scheduler.ShutdownGrace.Duration = 10 * time.Second
+	}
+	if c.HTTP.Listen == "" {
+		c.HTTP.Listen = DefaultListen
+	}
+	for name, hash := range c.HTTP.Admins {
+		if name == "" || strings.ContainsAny(name, ":") {
+			return fmt.Errorf("http.admins: admin name %q is empty or has a colon", name)
+		}
+		if !strings.HasPrefix(hash, "$2a$") && !strings.HasPrefix(hash, "$2b$") && !strings.HasPrefix(hash, "$2y$") {
+			return fmt.Errorf("http.admins.%s: want a bcrypt hash (make one with `couchjobs passwd`), not a plain password", name)
+		}
 	}
 	switch strings.ToLower(c.Log.Level) {
 	case "":

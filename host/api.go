@@ -1,0 +1,451 @@
+package host
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/couchjobs/couchjobs/runtime/jobs"
+	"github.com/couchjobs/couchjobs/runtime/kv"
+)
+
+// maxBody bounds a request body: a job's data fits the store's value limit.
+const maxBody = 1 << 20
+
+// maxWait bounds a long-poll.
+const maxWait = 5 * time.Minute
+
+// JobJSON is a job as the API shows it.
+type JobJSON struct {
+	Type      string          `json:"type"`
+	ID        string          `json:"id"`
+	State     jobs.State      `json:"state"`
+	Data      json.RawMessage `json:"data,omitempty"`
+	Priority  int64           `json:"priority"`
+	Placement string          `json:"placement,omitempty"`
+	Group     string          `json:"group,omitempty"`
+	Resubmit  bool            `json:"resubmit,omitempty"`
+	Canceled  bool            `json:"canceled,omitempty"`
+	Created   *time.Time      `json:"created,omitempty"`
+	Updated   *time.Time      `json:"updated,omitempty"`
+}
+
+func jobJSON(in jobs.Info) JobJSON {
+	j := JobJSON{
+		Type: in.Type, ID: in.ID, State: in.State, Data: in.Data, Priority: in.Priority,
+		Placement: string(in.Placement), Group: in.Group, Resubmit: in.Resubmit, Canceled: in.Canceled,
+	}
+	if !in.Created.IsZero() {
+		j.Created, j.Updated = &in.Created, &in.Updated
+	}
+	return j
+}
+
+// AddRequest is the body of POST /jobs/{type}.
+type AddRequest struct {
+	ID        string          `json:"id"`
+	Data      json.RawMessage `json:"data,omitempty"`
+	Priority  int64           `json:"priority,omitempty"`
+	At        *time.Time      `json:"at,omitempty"`
+	Placement string          `json:"placement,omitempty"`
+	Group     string          `json:"group,omitempty"`
+	Exclusive bool            `json:"exclusive,omitempty"`
+}
+
+// ResubmitRequest is the body of POST /jobs/{type}/{id}/_resubmit.
+type ResubmitRequest struct {
+	Priority int64           `json:"priority,omitempty"`
+	At       *time.Time      `json:"at,omitempty"`
+	Data     json.RawMessage `json:"data,omitempty"`
+}
+
+// Handler returns the node's HTTP API.
+func (n *Node) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /_up", n.getUp)
+	mux.HandleFunc("GET /types", n.getTypes)
+	mux.HandleFunc("GET /plugins", n.getPlugins)
+	mux.HandleFunc("GET /nodes", n.getNodes)
+	mux.HandleFunc("GET /metrics", n.getMetrics)
+	mux.HandleFunc("GET /jobs/{type}", n.listJobs)
+	mux.HandleFunc("POST /jobs/{type}", n.admin(n.addJob))
+	mux.HandleFunc("GET /jobs/{type}/{id}", n.getJob)
+	mux.HandleFunc("DELETE /jobs/{type}/{id}", n.admin(n.removeJob))
+	mux.HandleFunc("POST /jobs/{type}/{id}/_cancel", n.admin(n.cancelJob))
+	mux.HandleFunc("POST /jobs/{type}/{id}/_resubmit", n.admin(n.resubmitJob))
+	mux.HandleFunc("GET /jobs/{type}/{id}/_wait", n.waitJob)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
+	})
+	return mux
+}
+
+// listenAPI opens the API's listener, so that a taken port fails the
+// node's start with a clear error; serveAPI then serves it.
+func (n *Node) listenAPI() (net.Listener, error) {
+	if n.cfg.HTTP.Listen == "off" {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", n.cfg.HTTP.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("%s: http.listen %s: %w", n.cfg.Path(), n.cfg.HTTP.Listen, err)
+	}
+	n.apiAddr = ln.Addr().String()
+	return ln, nil
+}
+
+// serveAPI serves the API on ln until ctx is done.
+func (n *Node) serveAPI(ctx context.Context, ln net.Listener) {
+	srv := &http.Server{Handler: n.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	}()
+	n.log.Info("API listening", "address", n.apiAddr)
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		n.log.Error("API stopped", "error", err)
+	}
+}
+
+// APIAddr returns the address the API listens on, once it does.
+func (n *Node) APIAddr() string { return n.apiAddr }
+
+// admin wraps a handler that changes something: it needs an admin's basic
+// auth.
+func (n *Node) admin(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		user, pass, ok := r.BasicAuth()
+		hash, known := n.cfg.HTTP.Admins[user]
+		if !ok || !known || bcrypt.CompareHashAndPassword([]byte(hash), []byte(pass)) != nil {
+			// Spend the same time on unknown names as on known ones.
+			if !known {
+				bcrypt.CompareHashAndPassword(dummyHash, []byte(pass))
+			}
+			w.Header().Set("WWW-Authenticate", `Basic realm="couchjobs"`)
+			writeError(w, http.StatusUnauthorized, "unauthorized", "this endpoint needs an admin's name and password (http.admins in runtime.toml)")
+			return
+		}
+		h(w, r)
+	}
+}
+
+var dummyHash, _ = bcrypt.GenerateFromPassword([]byte("couchjobs"), bcrypt.MinCost)
+
+// writeJSON writes v with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v)
+}
+
+// writeError writes CouchDB's error shape.
+func writeError(w http.ResponseWriter, status int, code, reason string) {
+	writeJSON(w, status, map[string]string{"error": code, "reason": reason})
+}
+
+// writeJobError maps the job layer's errors to statuses.
+func writeJobError(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, jobs.ErrNotFound):
+		writeError(w, http.StatusNotFound, "not_found", err.Error())
+	case errors.Is(err, jobs.ErrJobExists):
+		writeError(w, http.StatusConflict, "conflict", err.Error())
+	case errors.Is(err, jobs.ErrUnknownType):
+		writeError(w, http.StatusNotFound, "unknown_type", err.Error())
+	case errors.Is(err, jobs.ErrInvalid):
+		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		writeError(w, http.StatusServiceUnavailable, "timeout", err.Error())
+	default:
+		writeError(w, http.StatusInternalServerError, "internal_error", err.Error())
+	}
+}
+
+// readJSON decodes a request body strictly.
+func readJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(io.LimitReader(r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeError(w, http.StatusBadRequest, "bad_request", "request body: "+err.Error())
+		return false
+	}
+	return true
+}
+
+func (n *Node) getUp(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok", "node": n.cfg.Node.Name})
+}
+
+func (n *Node) getTypes(w http.ResponseWriter, r *http.Request) {
+	types, err := n.jobs.Types(r.Context())
+	if err != nil {
+		writeJobError(w, err)
+		return
+	}
+	out := []map[string]any{}
+	for _, t := range types {
+		out = append(out, map[string]any{"name": t.Name, "activity_timeout_ms": t.Timeout.Milliseconds()})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"types": out})
+}
+
+func (n *Node) getPlugins(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]any{"plugins": n.Plugins()})
+}
+
+func (n *Node) getNodes(w http.ResponseWriter, r *http.Request) {
+	nodes, err := n.nodes(r.Context())
+	if err != nil {
+		writeJobError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"nodes": nodes})
+}
+
+func (n *Node) listJobs(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	o := jobs.ListOptions{After: q.Get("after"), State: jobs.State(q.Get("state"))}
+	switch o.State {
+	case "", jobs.Pending, jobs.Running, jobs.Finished:
+	default:
+		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("state %q: want pending, running or finished", o.State))
+		return
+	}
+	if l := q.Get("limit"); l != "" {
+		v, err := strconv.Atoi(l)
+		if err != nil || v < 1 || v > 10_000 {
+			writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("limit %q: want 1 to 10000", l))
+			return
+		}
+		o.Limit = v
+	}
+	infos, next, err := n.jobs.List(r.Context(), r.PathValue("type"), o)
+	if err != nil {
+		writeJobError(w, err)
+		return
+	}
+	out := make([]JobJSON, len(infos))
+	for i, in := range infos {
+		out[i] = jobJSON(in)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"jobs": out, "next": next})
+}
+
+func (n *Node) addJob(w http.ResponseWriter, r *http.Request) {
+	var req AddRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	nj := jobs.NewJob{
+		Type: r.PathValue("type"), ID: req.ID, Data: req.Data, Priority: req.Priority,
+		Placement: jobs.Placement(req.Placement), Group: req.Group, Exclusive: req.Exclusive,
+	}
+	if req.At != nil {
+		nj.At = *req.At
+	}
+	if err := n.jobs.Add(r.Context(), nj); err != nil {
+		writeJobError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, map[string]any{"ok": true, "type": nj.Type, "id": nj.ID})
+}
+
+func (n *Node) getJob(w http.ResponseWriter, r *http.Request) {
+	in, err := n.jobs.Get(r.Context(), r.PathValue("type"), r.PathValue("id"))
+	if err != nil {
+		writeJobError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, jobJSON(in))
+}
+
+func (n *Node) removeJob(w http.ResponseWriter, r *http.Request) {
+	if err := n.jobs.Remove(r.Context(), r.PathValue("type"), r.PathValue("id")); err != nil {
+		writeJobError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"ok": true})
+}
+
+func (n *Node) cancelJob(w http.ResponseWriter, r *http.Request) {
+	if err := n.jobs.Cancel(r.Context(), r.PathValue("type"), r.PathValue("id")); err != nil {
+		writeJobError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"ok": true})
+}
+
+func (n *Node) resubmitJob(w http.ResponseWriter, r *http.Request) {
+	var req ResubmitRequest
+	if r.ContentLength != 0 && !readJSON(w, r, &req) {
+		return
+	}
+	o := jobs.ResubmitOptions{Priority: req.Priority, Data: req.Data}
+	if req.At != nil {
+		o.At = *req.At
+	}
+	if err := n.jobs.Resubmit(r.Context(), r.PathValue("type"), r.PathValue("id"), o); err != nil {
+		writeJobError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"ok": true})
+}
+
+// waitJob long-polls a job: it answers when the job reaches ?state= (or a
+// state it cannot leave), or, without state, at its next change after
+// ?since= (the version of the state the client saw), or when ?timeout=
+// (default 30s) passes; "timeout": true then says nothing happened.
+func (n *Node) waitJob(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	timeout := 30 * time.Second
+	if t := q.Get("timeout"); t != "" {
+		d, err := time.ParseDuration(t)
+		if err != nil || d <= 0 || d > maxWait {
+			writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("timeout %q: want a duration up to %v", t, maxWait))
+			return
+		}
+		timeout = d
+	}
+	state := jobs.State(q.Get("state"))
+	switch state {
+	case "", jobs.Pending, jobs.Running, jobs.Finished:
+	default:
+		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("state %q: want pending, running or finished", state))
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), timeout)
+	defer cancel()
+	sub, err := n.jobs.Subscribe(ctx, r.PathValue("type"), r.PathValue("id"))
+	if err != nil {
+		writeJobError(w, err)
+		return
+	}
+	defer sub.Close()
+	ev := sub.Latest()
+	since := q.Get("since")
+	for {
+		if ev.State == jobs.NotFound {
+			writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("job %s/%s", r.PathValue("type"), r.PathValue("id")))
+			return
+		}
+		changed := since != "" && fmt.Sprintf("%x", ev.Info.Version.Bytes()) != since
+		if (state != "" && (ev.State == state || ev.State == jobs.Finished)) || (state == "" && (changed || sub.Ended())) {
+			break
+		}
+		if ev, err = sub.Next(ctx); err != nil {
+			writeJSON(w, http.StatusOK, map[string]any{"job": jobJSON(sub.Latest().Info), "version": fmt.Sprintf("%x", sub.Latest().Info.Version.Bytes()), "timeout": true})
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"job": jobJSON(ev.Info), "version": fmt.Sprintf("%x", ev.Info.Version.Bytes())})
+}
+
+// metricsScanLimit bounds the jobs /metrics counts per type, to keep a
+// scrape's cost bounded on a large table.
+const metricsScanLimit = 100_000
+
+func (n *Node) getMetrics(w http.ResponseWriter, r *http.Request) {
+	var b strings.Builder
+	types, err := n.jobs.Types(r.Context())
+	if err != nil {
+		writeJobError(w, err)
+		return
+	}
+	b.WriteString("# HELP couchjobs_jobs Jobs by type and state (counted up to 100000 per type).\n# TYPE couchjobs_jobs gauge\n")
+	for _, t := range types {
+		counts := map[jobs.State]int{}
+		seen := 0
+		n.jobs.Fold(r.Context(), t.Name, jobs.ListOptions{Limit: 1000}, func(in jobs.Info) error {
+			counts[in.State]++
+			if seen++; seen >= metricsScanLimit {
+				return errStopFold
+			}
+			return nil
+		})
+		for _, s := range []jobs.State{jobs.Pending, jobs.Running, jobs.Finished} {
+			fmt.Fprintf(&b, "couchjobs_jobs{type=%q,state=%q} %d\n", t.Name, s, counts[s])
+		}
+	}
+	b.WriteString("# HELP couchjobs_running_jobs Jobs running on this node.\n# TYPE couchjobs_running_jobs gauge\n")
+	fmt.Fprintf(&b, "couchjobs_running_jobs{node=%q} %d\n", n.cfg.Node.Name, len(n.slots))
+	b.WriteString("# HELP couchjobs_accepted_jobs_total Jobs this node accepted.\n# TYPE couchjobs_accepted_jobs_total counter\n")
+	fmt.Fprintf(&b, "couchjobs_accepted_jobs_total %d\n", n.metrics.accepts.Load())
+	b.WriteString("# HELP couchjobs_accept_seconds_total Time spent in accept transactions, waiting included.\n# TYPE couchjobs_accept_seconds_total counter\n")
+	fmt.Fprintf(&b, "couchjobs_accept_seconds_total %g\n", time.Duration(n.metrics.acceptNanos.Load()).Seconds())
+	b.WriteString("# HELP couchjobs_plugin_restarts_total Plugin relaunches after a crash or exit.\n# TYPE couchjobs_plugin_restarts_total counter\n")
+	ps := n.Plugins()
+	sort.Slice(ps, func(i, j int) bool { return ps[i].Name < ps[j].Name })
+	for _, p := range ps {
+		fmt.Fprintf(&b, "couchjobs_plugin_restarts_total{plugin=%q} %d\n", p.Name, p.Restarts)
+	}
+	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+	io.WriteString(w, b.String())
+}
+
+var errStopFold = errors.New("stop")
+
+// Node registry: every node records itself in the store, so that any
+// node's API lists the cluster.
+
+var nodesSub = kv.Sub("nodes")
+
+// NodeJSON is a node as /nodes shows it.
+type NodeJSON struct {
+	Name      string    `json:"name"`
+	Groups    []string  `json:"groups,omitempty"`
+	API       string    `json:"api,omitempty"`
+	Started   time.Time `json:"started"`
+	Heartbeat time.Time `json:"heartbeat"`
+	Alive     bool      `json:"alive"`
+}
+
+const nodeHeartbeat = 15 * time.Second
+
+// heartbeat records the node every nodeHeartbeat until ctx is done.
+func (n *Node) heartbeat(ctx context.Context) {
+	started := time.Now().UTC()
+	for {
+		rec := NodeJSON{Name: n.cfg.Node.Name, Groups: n.cfg.Node.Groups, API: n.apiAddr, Started: started, Heartbeat: time.Now().UTC()}
+		b, _ := json.Marshal(rec)
+		if _, err := n.store.Transact(ctx, func(tx kv.Tx) (any, error) {
+			tx.Set(nodesSub.Pack([]any{n.cfg.Node.Name}), b)
+			return nil, nil
+		}); err != nil && ctx.Err() == nil {
+			n.log.Warn("recording the node in the store failed", "error", err)
+		}
+		if kv.Sleep(ctx, nodeHeartbeat) != nil {
+			return
+		}
+	}
+}
+
+func (n *Node) nodes(ctx context.Context) ([]NodeJSON, error) {
+	v, err := n.store.ReadTransact(ctx, func(tx kv.ReadTx) (any, error) {
+		return tx.GetRange(nodesSub.Range(), kv.RangeOptions{})
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := []NodeJSON{}
+	for _, p := range v.([]kv.KeyValue) {
+		var rec NodeJSON
+		if json.Unmarshal(p.Value, &rec) != nil {
+			continue
+		}
+		rec.Alive = time.Since(rec.Heartbeat) < 3*nodeHeartbeat
+		out = append(out, rec)
+	}
+	return out, nil
+}

@@ -1,0 +1,153 @@
+package host
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+type apiClient struct {
+	t    *testing.T
+	base string
+}
+
+func (n *testNode) api(t *testing.T) *apiClient {
+	waitFor(t, 10*time.Second, "the API to listen", func() bool { return n.APIAddr() != "" })
+	return &apiClient{t: t, base: "http://" + n.APIAddr()}
+}
+
+// do sends a request, as the admin if admin is set, and decodes the
+// response into a map.
+func (c *apiClient) do(method, path, body string, admin bool) (int, map[string]any) {
+	c.t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, _ := http.NewRequest(method, c.base+path, rd)
+	if admin {
+		req.SetBasicAuth("admin", "secret")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var out map[string]any
+	if strings.HasPrefix(resp.Header.Get("Content-Type"), "application/json") {
+		if err := json.Unmarshal(b, &out); err != nil {
+			c.t.Fatalf("%s %s: %v: %s", method, path, err, b)
+		}
+	} else {
+		out = map[string]any{"text": string(b)}
+	}
+	return resp.StatusCode, out
+}
+
+func TestAPI(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "[plugins.alpha]\n")
+	n.waitRunning(t, "alpha")
+	c := n.api(t)
+
+	if code, body := c.do("GET", "/_up", "", false); code != 200 || body["status"] != "ok" {
+		t.Fatalf("/_up: %d %v", code, body)
+	}
+	// Mutations need an admin.
+	code, body := c.do("POST", "/jobs/alpha", `{"id":"a1"}`, false)
+	if code != 401 || body["error"] != "unauthorized" {
+		t.Fatalf("unauthenticated add: %d %v", code, body)
+	}
+	req, _ := http.NewRequest("POST", c.base+"/jobs/alpha", strings.NewReader(`{"id":"a1"}`))
+	req.SetBasicAuth("admin", "wrong")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 401 {
+		t.Fatalf("wrong password: %v %v", resp.StatusCode, err)
+	}
+	if code, body := c.do("POST", "/jobs/alpha", `{"id":"a1","data":{"updates":1}}`, true); code != 201 {
+		t.Fatalf("add: %d %v", code, body)
+	}
+	// Wait until it finishes, by long-poll.
+	code, body = c.do("GET", "/jobs/alpha/a1/_wait?state=finished&timeout=20s", "", false)
+	job, _ := body["job"].(map[string]any)
+	if code != 200 || job["state"] != "finished" {
+		t.Fatalf("wait: %d %v", code, body)
+	}
+	if code, body := c.do("GET", "/jobs/alpha/a1", "", false); code != 200 || body["state"] != "finished" {
+		t.Fatalf("get: %d %v", code, body)
+	}
+	// Bad requests get CouchDB's error shape, naming the problem.
+	bad := []struct {
+		method, path, body string
+		code               int
+		errName, text      string
+	}{
+		{"POST", "/jobs/alpha", `{"id":"x","bogus":1}`, 400, "bad_request", `unknown field "bogus"`},
+		{"POST", "/jobs/alpha", `{"id":"x","data":[1]}`, 400, "bad_request", "not a JSON object"},
+		{"POST", "/jobs/alpha", `{"id":""}`, 400, "bad_request", "empty job id"},
+		{"POST", "/jobs/nope", `{"id":"x"}`, 404, "unknown_type", `"nope"`},
+		{"GET", "/jobs/alpha/missing", "", 404, "not_found", "missing"},
+		{"GET", "/jobs/alpha?state=sleeping", "", 400, "bad_request", `state "sleeping"`},
+		{"GET", "/jobs/alpha?limit=0", "", 400, "bad_request", "limit"},
+		{"GET", "/jobs/alpha/a1/_wait?timeout=forever", "", 400, "bad_request", "timeout"},
+		{"GET", "/nothing/here", "", 404, "not_found", "no endpoint"},
+	}
+	for _, b := range bad {
+		code, body := c.do(b.method, b.path, b.body, true)
+		reason, _ := body["reason"].(string)
+		if code != b.code || body["error"] != b.errName || !strings.Contains(reason, b.text) {
+			t.Errorf("%s %s: %d %v, want %d %s containing %q", b.method, b.path, code, body, b.code, b.errName, b.text)
+		}
+	}
+	// Cancel, resubmit, remove, list.
+	c.do("POST", "/jobs/alpha", `{"id":"later","at":"2100-01-01T00:00:00Z"}`, true)
+	if code, body := c.do("POST", "/jobs/alpha/later/_cancel", "", true); code != 200 {
+		t.Fatalf("cancel: %d %v", code, body)
+	}
+	if _, body := c.do("GET", "/jobs/alpha/later", "", false); body["state"] != "finished" || body["canceled"] != true {
+		t.Fatalf("canceled job: %v", body)
+	}
+	if code, body := c.do("POST", "/jobs/alpha/later/_resubmit", `{"at":"2100-01-01T00:00:00Z"}`, true); code != 200 {
+		t.Fatalf("resubmit: %d %v", code, body)
+	}
+	if _, body := c.do("GET", "/jobs/alpha?state=pending", "", false); len(body["jobs"].([]any)) != 1 {
+		t.Fatalf("pending list: %v", body)
+	}
+	if code, _ := c.do("DELETE", "/jobs/alpha/later", "", true); code != 200 {
+		t.Fatalf("remove: %d", code)
+	}
+	if code, _ := c.do("GET", "/jobs/alpha/later", "", false); code != 404 {
+		t.Fatalf("removed job: %d", code)
+	}
+	_, body = c.do("GET", "/jobs/alpha?limit=1", "", false)
+	if len(body["jobs"].([]any)) != 1 {
+		t.Fatalf("limited list: %v", body)
+	}
+	// Types, plugins, nodes, metrics.
+	if _, body := c.do("GET", "/types", "", false); !bytes.Contains(mustJSON(body), []byte(`"name":"alpha"`)) {
+		t.Errorf("types: %v", body)
+	}
+	if _, body := c.do("GET", "/plugins", "", false); !bytes.Contains(mustJSON(body), []byte(`"state":"running"`)) {
+		t.Errorf("plugins: %v", body)
+	}
+	waitFor(t, 10*time.Second, "the node to register", func() bool {
+		_, body := c.do("GET", "/nodes", "", false)
+		return bytes.Contains(mustJSON(body), []byte(`"name":"n1"`))
+	})
+	_, body = c.do("GET", "/metrics", "", false)
+	text := body["text"].(string)
+	for _, want := range []string{`couchjobs_jobs{type="alpha",state="finished"} 1`, "couchjobs_running_jobs", `couchjobs_plugin_restarts_total{plugin="alpha"} 0`, "couchjobs_accepted_jobs_total 1"} {
+		if !strings.Contains(text, want) {
+			t.Errorf("metrics lack %q:\n%s", want, text)
+		}
+	}
+}
+
+func mustJSON(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
+}
