@@ -304,9 +304,10 @@ func (n *Node) resubmitJob(w http.ResponseWriter, r *http.Request) {
 }
 
 // waitJob long-polls a job: it answers when the job reaches ?state= (or a
-// state it cannot leave), or, without state, at its next change after
-// ?since= (the version of the state the client saw), or when ?timeout=
-// (default 30s) passes; "timeout": true then says nothing happened.
+// state it cannot leave); without state, at once if ?since= is absent, or
+// at the job's next change after since (the version of the state the
+// client saw); or when ?timeout= (default 30s) passes, with "timeout":
+// true.
 func (n *Node) waitJob(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	timeout := 30 * time.Second
@@ -340,7 +341,10 @@ func (n *Node) waitJob(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("job %s/%s", r.PathValue("type"), r.PathValue("id")))
 			return
 		}
-		changed := since != "" && fmt.Sprintf("%x", ev.Info.Version.Bytes()) != since
+		// Without a state to wait for, a client that has seen nothing yet
+		// (no since) gets the current state at once, and one that has seen
+		// a version gets the next change after it.
+		changed := since == "" || fmt.Sprintf("%x", ev.Info.Version.Bytes()) != since
 		if (state != "" && (ev.State == state || ev.State == jobs.Finished)) || (state == "" && (changed || sub.Ended())) {
 			break
 		}

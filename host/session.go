@@ -279,6 +279,17 @@ func (s *session) applyOne(tx kv.Tx, it *item) error {
 		if len(u.Data) > 0 {
 			data = u.Data
 		}
+		if p := u.Progress; p != nil && (p.Fraction != 0 || p.Message != "") {
+			// Progress is for display: it goes in the job's data, where
+			// the API and `couchjobs jobs wait` show it.
+			base := data
+			if base == nil {
+				base = it.run.data
+			}
+			if data, err = mergeMeta(base, map[string]any{"progress": p.Fraction, "message": p.Message}); err != nil {
+				return err
+			}
+		}
 		if err = job.Update(tx, data); err != nil {
 			return err
 		}
@@ -346,13 +357,33 @@ func (p *plugin) write(tx kv.Tx, writes []*pluginv1.Write) error {
 }
 
 // withMeta sets the host's own field, "_couchjobs", in a job's data: the
-// outcome of the last run, crash counts and reasons.
+// outcome of the last run, crash counts and reasons. An end replaces the
+// field, so a completed run clears the crash count.
 func withMeta(data json.RawMessage, meta map[string]any) (json.RawMessage, error) {
+	return editMeta(data, func(map[string]any) map[string]any { return meta })
+}
+
+// mergeMeta sets some keys of "_couchjobs" and keeps the others.
+func mergeMeta(data json.RawMessage, set map[string]any) (json.RawMessage, error) {
+	return editMeta(data, func(old map[string]any) map[string]any {
+		for k, v := range set {
+			old[k] = v
+		}
+		return old
+	})
+}
+
+func editMeta(data json.RawMessage, edit func(map[string]any) map[string]any) (json.RawMessage, error) {
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(data, &obj); err != nil || obj == nil {
 		obj = map[string]json.RawMessage{}
 	}
-	b, err := json.Marshal(meta)
+	old := map[string]any{}
+	json.Unmarshal(obj["_couchjobs"], &old)
+	if old == nil {
+		old = map[string]any{}
+	}
+	b, err := json.Marshal(edit(old))
 	if err != nil {
 		return nil, err
 	}
@@ -376,7 +407,7 @@ func crashed(data json.RawMessage, reason string, minBackoff, maxBackoff time.Du
 	}
 	delay += time.Duration(float64(delay) * (rand.Float64()/2 - 0.25))
 	at := time.Now().Add(delay)
-	out, err := withMeta(data, map[string]any{"outcome": "crashed", "crashes": crashes, "reason": reason, "retry_at": at.UTC().Format(time.RFC3339Nano)})
+	out, err := mergeMeta(data, map[string]any{"outcome": "crashed", "crashes": crashes, "reason": reason, "retry_at": at.UTC().Format(time.RFC3339Nano)})
 	return out, at, err
 }
 

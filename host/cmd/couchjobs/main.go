@@ -1,6 +1,9 @@
 // Command couchjobs is the couchjobs node and its command-line tools.
 //
 //	couchjobs run           [-config runtime.toml]   run a node until SIGTERM or SIGINT
+//	couchjobs jobs add|get|ls|rm|cancel|resubmit|wait ...   a node's jobs, through its API
+//	couchjobs plugins ls                              a node's plugins
+//	couchjobs passwd                                  hash an admin password
 //	couchjobs store status  [-config runtime.toml]   what the store holds
 //	couchjobs store check   [-config runtime.toml]   verify the store's files
 //	couchjobs store ls      [-config runtime.toml] [-limit N] [ELEMENT...]
@@ -31,11 +34,21 @@ const usage = `usage: couchjobs COMMAND [ARGS]
 
 Commands:
   run            run a node: its plugins and their jobs, until SIGTERM or SIGINT
+  jobs add TYPE ID [-data JSON] [-at WHEN] [-priority N] [-placement P] [-group G]
+  jobs get TYPE ID
+  jobs ls TYPE [-state S] [-limit N] [-after ID]
+  jobs rm|cancel TYPE ID
+  jobs resubmit TYPE ID [-at WHEN] [-data JSON]
+  jobs wait TYPE ID [-state S] [-timeout D]   follow a job, showing its progress
+  plugins ls     the node's plugins and their health
+  passwd         print the bcrypt hash of a password read from stdin, for [http].admins
   store status   show the store a runtime.toml names: backend, keys, commits, size
   store check    verify the store's files (the embedded store's integrity check)
   store ls       list keys under a tuple prefix, decoded as tuples
 
-Run "couchjobs COMMAND -h" for a command's flags.
+API commands take -node URL (default: http.listen of -config runtime.toml),
+-user and -password (or COUCHJOBS_USER and COUCHJOBS_PASSWORD) for changes,
+and -json. Run "couchjobs COMMAND -h" for a command's flags.
 `
 
 func main() {
@@ -55,6 +68,12 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	switch args[0] {
 	case "run":
 		return runNode(ctx, args[1:])
+	case "jobs":
+		return jobsCommand(ctx, args[1:], out)
+	case "plugins":
+		return pluginsCommand(ctx, args[1:], out)
+	case "passwd":
+		return passwdCommand(args[1:], os.Stdin, out)
 	case "store":
 		if len(args) < 2 {
 			return errors.New("store: want status, check or ls")
