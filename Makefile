@@ -12,20 +12,25 @@ BENCHTIME ?= 2s
 PROTOC_GEN_GO      := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
 
-.PHONY: all build build-fdb run test test-race test-slow test-fdb check-fdb bench fuzz lint proto clean
+.PHONY: all build build-fdb plugins run test test-race test-slow test-fdb check-fdb bench fuzz lint proto clean
 
 all: lint test
 
 build:
 	$(GO) build -o $(BIN)/couchjobs ./host/cmd/couchjobs
 
+# The example plugin, where runtime.toml's plugin_dir points.
+plugins:
+	$(GO) build -o $(BIN)/plugins/couchjobs-wordcount ./examples/wordcount
+
 # The FoundationDB backend needs cgo and libfdb_c (docs/FOUNDATIONDB.md).
 build-fdb:
 	$(GO) build -tags fdb -o $(BIN)/couchjobs ./host/cmd/couchjobs
 
-run: build
+# Runs the sample node (runtime.toml) on the embedded store until Ctrl-C.
+run: build plugins
 	mkdir -p var
-	$(BIN)/couchjobs store status -config runtime.toml
+	$(BIN)/couchjobs run -config runtime.toml
 
 test:
 	$(GO) test -count=1 -short $(PKGS)

@@ -383,7 +383,11 @@ func (n *Node) getMetrics(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	b.WriteString("# HELP couchjobs_running_jobs Jobs running on this node.\n# TYPE couchjobs_running_jobs gauge\n")
-	fmt.Fprintf(&b, "couchjobs_running_jobs{node=%q} %d\n", n.cfg.Node.Name, len(n.slots))
+	running := 0
+	for _, p := range n.Plugins() {
+		running += p.Running
+	}
+	fmt.Fprintf(&b, "couchjobs_running_jobs{node=%q} %d\n", n.cfg.Node.Name, running)
 	b.WriteString("# HELP couchjobs_accepted_jobs_total Jobs this node accepted.\n# TYPE couchjobs_accepted_jobs_total counter\n")
 	fmt.Fprintf(&b, "couchjobs_accepted_jobs_total %d\n", n.metrics.accepts.Load())
 	b.WriteString("# HELP couchjobs_accept_seconds_total Time spent in accept transactions, waiting included.\n# TYPE couchjobs_accept_seconds_total counter\n")

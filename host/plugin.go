@@ -100,7 +100,10 @@ func newPlugin(n *Node, name string, cfg *config.Plugin) *plugin {
 func (p *plugin) Status() PluginStatus {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st := PluginStatus{Name: p.name, State: p.state, Restarts: p.restarts, Running: len(p.slots)}
+	st := PluginStatus{Name: p.name, State: p.state, Restarts: p.restarts}
+	if p.session != nil {
+		st.Running = p.session.running()
+	}
 	if p.desc != nil {
 		st.Version = p.desc.Version
 		for _, t := range p.desc.Types {

@@ -176,6 +176,13 @@ func (s *session) remove(h uint64) {
 	}
 }
 
+// running counts the jobs the plugin runs now.
+func (s *session) running() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.runs)
+}
+
 func (s *session) get(h uint64) *hostRun {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -116,12 +116,23 @@ func newLogger(cfg *config.Config) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{Name: "couchjobs", Level: hclog.LevelFromString(cfg.Log.Level), JSONFormat: cfg.Log.JSON})
 }
 
-// openStore parses the common -config flag and opens the store.
+// openStore parses the common -config flag, and any other flags wherever
+// they stand among the arguments, and opens the store. fs.Args() are then
+// the positional arguments.
 func openStore(fs *flag.FlagSet, args []string) (*config.Config, kv.Store, error) {
 	path := fs.String("config", "runtime.toml", "the node's configuration file")
-	if err := fs.Parse(args); err != nil {
-		return nil, nil, err
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, nil, err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
 	}
+	fs.Parse(append([]string{"--"}, pos...))
 	cfg, err := config.Load(*path)
 	if err != nil {
 		return nil, nil, err

@@ -43,6 +43,7 @@ func TestStoreCommands(t *testing.T) {
 		{[]string{"store", "check", "-config", cfgPath}, []string{"ok"}, nil},
 		{[]string{"store", "ls", "-config", cfgPath, "couch_jobs"}, []string{`("couch_jobs", "data", "shell", "job-1") = {"a":1}`}, []string{"other"}},
 		{[]string{"store", "ls", "-config", cfgPath, "-limit", "1"}, []string{"couch_jobs"}, []string{"other"}},
+		{[]string{"store", "ls", "other", "-config", cfgPath, "-limit", "5"}, []string{`("other", 1) = x`}, []string{"couch_jobs"}},
 	}
 	for _, c := range cases {
 		var out bytes.Buffer
