@@ -39,10 +39,11 @@ test-race:
 	$(GO) test -count=1 -short -race $(PKGS)
 
 # Slow suites: the race detector over everything, a short fuzzing pass over
-# every decoder, the conformance suite on the second SQLite driver, and the
-# full 10,000-job, three-process test of the job layer.
+# every decoder, the conformance suite on the second SQLite driver, the
+# full 10,000-job, three-process test of the job layer, and a host process
+# killed with SIGKILL.
 test-slow: test-race fuzz
-	$(GO) test -count=1 -run 'Modernc|ManyProcesses' ./runtime/kv/sqlitekv ./runtime/jobs
+	$(GO) test -count=1 -run 'Modernc|ManyProcesses|KilledHost' ./runtime/kv/sqlitekv ./runtime/jobs ./host/cmd/couchjobs
 
 # The conformance suite and tuple compatibility against a real cluster.
 test-fdb:
@@ -55,6 +56,7 @@ check-fdb:
 
 bench:
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime $(BENCHTIME) ./runtime/...
+	$(GO) test -count=1 -run '^$$' -bench . -benchtime 20000x ./host
 
 FUZZTIME ?= 15s
 fuzz:
