@@ -14,13 +14,21 @@ import (
 	"github.com/couchjobs/couchjobs/host/config"
 	"github.com/couchjobs/couchjobs/runtime/jobs"
 	"github.com/couchjobs/couchjobs/runtime/kv"
+	"github.com/couchjobs/couchjobs/sdk"
 )
 
 // Options tune a node beyond its configuration file; tests use them.
 type Options struct {
 	// PluginStartTimeout bounds a plugin's handshake; default 10 s.
 	PluginStartTimeout time.Duration
+	// Launch starts a plugin and returns its client and a function that
+	// stops it. Nil launches the plugin's binary as a process; sdktest
+	// serves a plugin in the test's own process instead.
+	Launch Launcher
 }
+
+// Launcher starts the plugin with the given name; see Options.Launch.
+type Launcher func(ctx context.Context, name string) (*sdk.Client, func(), error)
 
 // Node is a couchjobs node: it runs the plugins its configuration names
 // and the jobs of their types, against the store the configuration names.

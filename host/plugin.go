@@ -157,40 +157,18 @@ func (p *plugin) run(ctx, accept context.Context) {
 	}
 }
 
-// runOnce launches the plugin process and serves it until it dies or ctx
-// is done.
+// runOnce launches the plugin and serves it until it dies or ctx is done.
 func (p *plugin) runOnce(ctx, accept context.Context) error {
 	p.setState(PluginStarting, nil)
-	sum, err := p.checkBinary()
+	launch := p.n.opts.Launch
+	if launch == nil {
+		launch = p.launchProcess
+	}
+	c, stop, err := launch(ctx, p.name)
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(p.path)
-	setParentDeathSignal(cmd)
-	client := goplugin.NewClient(&goplugin.ClientConfig{
-		HandshakeConfig:  sdk.Handshake,
-		VersionedPlugins: map[int]goplugin.PluginSet{sdk.ProtocolVersion: {sdk.PluginKey: &sdk.GRPCPlugin{}}},
-		Cmd:              cmd,
-		SecureConfig:     &goplugin.SecureConfig{Checksum: sum, Hash: sha256.New()},
-		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
-		AutoMTLS:         true,
-		Logger:           p.log,
-		StartTimeout:     p.n.opts.PluginStartTimeout,
-		GRPCDialOptions: []grpc.DialOption{grpc.WithDefaultCallOptions(
-			grpc.MaxCallRecvMsgSize(sdk.MaxMessageSize), grpc.MaxCallSendMsgSize(sdk.MaxMessageSize))},
-		SyncStdout: logWriter{p.log.Named("stdout")},
-		SyncStderr: logWriter{p.log.Named("stderr")},
-	})
-	defer client.Kill()
-	rpc, err := client.Client()
-	if err != nil {
-		return launchError(p.name, err)
-	}
-	raw, err := rpc.Dispense(sdk.PluginKey)
-	if err != nil {
-		return permanent("plugin %s: %v", p.name, err)
-	}
-	c := raw.(*sdk.Client)
+	defer stop()
 	desc, err := c.Plugin.Describe(ctx, &pluginv1.DescribeRequest{})
 	if err != nil {
 		return fmt.Errorf("plugin %s: describe: %w", p.name, err)
@@ -248,10 +226,46 @@ func (p *plugin) runOnce(ctx, accept context.Context) error {
 	if ctx.Err() != nil {
 		return nil
 	}
-	if exited := client.Exited(); exited && err == nil {
-		err = errors.New("plugin process exited")
+	if err == nil {
+		err = errors.New("the plugin ended its session")
 	}
 	return err
+}
+
+// launchProcess starts the plugin binary and returns its client and a
+// function that kills it.
+func (p *plugin) launchProcess(_ context.Context, _ string) (*sdk.Client, func(), error) {
+	sum, err := p.checkBinary()
+	if err != nil {
+		return nil, nil, err
+	}
+	cmd := exec.Command(p.path)
+	setParentDeathSignal(cmd)
+	client := goplugin.NewClient(&goplugin.ClientConfig{
+		HandshakeConfig:  sdk.Handshake,
+		VersionedPlugins: map[int]goplugin.PluginSet{sdk.ProtocolVersion: {sdk.PluginKey: &sdk.GRPCPlugin{}}},
+		Cmd:              cmd,
+		SecureConfig:     &goplugin.SecureConfig{Checksum: sum, Hash: sha256.New()},
+		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+		AutoMTLS:         true,
+		Logger:           p.log,
+		StartTimeout:     p.n.opts.PluginStartTimeout,
+		GRPCDialOptions: []grpc.DialOption{grpc.WithDefaultCallOptions(
+			grpc.MaxCallRecvMsgSize(sdk.MaxMessageSize), grpc.MaxCallSendMsgSize(sdk.MaxMessageSize))},
+		SyncStdout: logWriter{p.log.Named("stdout")},
+		SyncStderr: logWriter{p.log.Named("stderr")},
+	})
+	rpc, err := client.Client()
+	if err != nil {
+		client.Kill()
+		return nil, nil, launchError(p.name, err)
+	}
+	raw, err := rpc.Dispense(sdk.PluginKey)
+	if err != nil {
+		client.Kill()
+		return nil, nil, permanent("plugin %s: %v", p.name, err)
+	}
+	return raw.(*sdk.Client), client.Kill, nil
 }
 
 // drain asks the running jobs to stop within grace and hands back those

@@ -17,7 +17,7 @@ import (
 // description first and exits with a message if it is wrong. Call it from
 // main.
 func Serve(p *Plugin) {
-	if err := p.validate(); err != nil {
+	if err := p.Validate(); err != nil {
 		fmt.Fprintf(os.Stderr, "couchjobs plugin %s: %v\n", p.Name, err)
 		os.Exit(2)
 	}
@@ -35,7 +35,9 @@ func Serve(p *Plugin) {
 	})
 }
 
-func (p *Plugin) validate() error {
+// Validate checks the description and fills in defaults (a one-minute
+// activity timeout). Serve calls it; sdktest too.
+func (p *Plugin) Validate() error {
 	if p.Name == "" {
 		return fmt.Errorf("Plugin.Name is empty")
 	}

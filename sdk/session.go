@@ -25,7 +25,11 @@ type server struct {
 }
 
 func newServer(p *Plugin, broker *goplugin.GRPCBroker) *server {
-	s := &server{p: p, broker: broker, log: p.Logger, types: map[string]*Type{}}
+	log := p.Logger
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	s := &server{p: p, broker: broker, log: log, types: map[string]*Type{}}
 	for i := range p.Types {
 		s.types[p.Types[i].Name] = &p.Types[i]
 	}

@@ -48,22 +48,29 @@ type config struct {
 	ChunkWords int `json:"chunk_words"`
 }
 
-var cfg = config{MaxBytes: 1 << 20, ChunkWords: 10_000}
+// defaults is the configuration when a key is absent.
+var defaults = config{MaxBytes: 1 << 20, ChunkWords: 10_000}
+
+// cfg is the configuration in use; configure replaces it only when the new
+// one is valid.
+var cfg = defaults
 
 func configure(_ context.Context, c *sdk.Config) error {
-	if err := c.Decode(&cfg); err != nil {
+	next := defaults
+	if err := c.Decode(&next); err != nil {
 		return err
 	}
 	var errs sdk.ConfigErrors
-	if cfg.MaxBytes <= 0 {
-		errs = append(errs, sdk.ConfigError{Key: "max_bytes", Message: fmt.Sprintf("%d: want a positive number of bytes", cfg.MaxBytes)})
+	if next.MaxBytes <= 0 {
+		errs = append(errs, sdk.ConfigError{Key: "max_bytes", Message: fmt.Sprintf("%d: want a positive number of bytes", next.MaxBytes)})
 	}
-	if cfg.ChunkWords <= 0 {
-		errs = append(errs, sdk.ConfigError{Key: "chunk_words", Message: fmt.Sprintf("%d: want a positive number of words", cfg.ChunkWords)})
+	if next.ChunkWords <= 0 {
+		errs = append(errs, sdk.ConfigError{Key: "chunk_words", Message: fmt.Sprintf("%d: want a positive number of words", next.ChunkWords)})
 	}
 	if len(errs) > 0 {
 		return errs
 	}
+	cfg = next
 	return nil
 }
 
@@ -131,8 +138,10 @@ func Summarize(counts map[string]int, top int) Result {
 	return r
 }
 
-func main() {
-	sdk.Serve(&sdk.Plugin{
+// newPlugin describes the plugin; main serves it, tests run it in-process
+// with sdktest.
+func newPlugin() *sdk.Plugin {
+	return &sdk.Plugin{
 		Name:    "wordcount",
 		Version: "1.0.0",
 		Types: []sdk.Type{{
@@ -142,5 +151,7 @@ func main() {
 			ConfigSchema:    `{"type":"object","properties":{"max_bytes":{"type":"integer","minimum":1},"chunk_words":{"type":"integer","minimum":1}}}`,
 		}},
 		Configure: configure,
-	})
+	}
 }
+
+func main() { sdk.Serve(newPlugin()) }

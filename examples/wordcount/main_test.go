@@ -1,11 +1,49 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
 	"os/exec"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/couchjobs/couchjobs/sdk"
+	"github.com/couchjobs/couchjobs/sdk/sdktest"
 )
+
+// TestCountJob runs the job type for real, in-process, with sdktest: a
+// store, the host's dispatch and the plugin protocol, no child process.
+func TestCountJob(t *testing.T) {
+	h := sdktest.New(t, newPlugin(), map[string]any{"chunk_words": 2})
+	res := h.Run("wordcount", "doc1", Input{Text: "the cat and the hat", Top: 1})
+	if res.Outcome != sdktest.Completed {
+		t.Fatalf("outcome %s: %s", res.Outcome, res.Reason)
+	}
+	var got Result
+	if err := res.Decode(&got); err != nil {
+		t.Fatal(err)
+	}
+	if want := (Result{Words: 5, Distinct: 4, Top: []WordCount{{"the", 2}}}); !reflect.DeepEqual(got, want) {
+		t.Fatalf("result %+v, want %+v", got, want)
+	}
+	if c := string(h.Get([]byte("doc1/the"))); c != "2" {
+		t.Fatalf("stored count of \"the\" = %q", c)
+	}
+	// Bad input fails for good, with the reason.
+	if res := h.Run("wordcount", "bad", map[string]any{"text": 42}); res.Outcome != sdktest.Failed || !strings.Contains(res.Reason, "decode") {
+		t.Fatalf("bad input: %+v", res)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	err := configure(context.Background(), &sdk.Config{JSON: json.RawMessage(`{"max_bytes":0,"chunk_words":-1}`)})
+	var ces sdk.ConfigErrors
+	if !errors.As(err, &ces) || len(ces) != 2 || ces[0].Key != "max_bytes" || ces[1].Key != "chunk_words" {
+		t.Fatalf("configure: %v", err)
+	}
+}
 
 func TestSummarize(t *testing.T) {
 	words := Words("To be, or not to be: that is the question. Isn't it? To BE!")

@@ -1,0 +1,203 @@
+// Package sdktest runs a plugin's workers in a plugin author's own tests:
+// in the test's process, against a real embedded store in a temporary
+// directory, through the real host dispatch and plugin protocol (over an
+// in-process connection instead of a child process).
+//
+//	func TestResize(t *testing.T) {
+//		h := sdktest.New(t, myPlugin(), map[string]any{"quality": 80})
+//		res := h.Run("thumbnail", "img-1", map[string]any{"url": "..."})
+//		if res.Outcome != sdktest.Completed { t.Fatal(res.Reason) }
+//	}
+package sdktest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	goplugin "github.com/hashicorp/go-plugin"
+
+	"github.com/couchjobs/couchjobs/host"
+	"github.com/couchjobs/couchjobs/host/config"
+	"github.com/couchjobs/couchjobs/runtime/jobs"
+	"github.com/couchjobs/couchjobs/runtime/kv"
+	"github.com/couchjobs/couchjobs/sdk"
+)
+
+// Outcomes of a run.
+const (
+	Completed   = "completed"
+	Failed      = "failed"
+	Crashed     = "crashed"
+	Resubmitted = "resubmitted"
+)
+
+// Harness runs one plugin on a private node.
+type Harness struct {
+	t    testing.TB
+	p    *sdk.Plugin
+	node *host.Node
+}
+
+// New starts a node with plugin p and its configuration table (nil: none),
+// and stops it when the test ends. A configuration the plugin refuses
+// fails the test with the plugin's errors.
+func New(t testing.TB, p *sdk.Plugin, cfg map[string]any) *Harness {
+	t.Helper()
+	if err := p.Validate(); err != nil {
+		t.Fatalf("plugin %s: %v", p.Name, err)
+	}
+	dir := t.TempDir()
+	text := fmt.Sprintf("plugin_dir = %q\n[node]\nname = \"sdktest\"\n[store]\npath = %q\n[http]\nlisten = \"off\"\n[scheduler]\nmin_backoff = \"10ms\"\nmax_backoff = \"100ms\"\n[plugins.%s]\n",
+		dir, filepath.Join(dir, "store.db"), p.Name)
+	c, err := config.Parse(filepath.Join(dir, "runtime.toml"), []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Plugins[p.Name].Config = cfg
+	log := hclog.New(&hclog.LoggerOptions{Name: "sdktest", Level: hclog.Warn, Output: testWriter{t}})
+	if p.Logger == nil {
+		p.Logger = log.Named(p.Name)
+	}
+	n, err := host.NewNode(c, log, host.Options{Launch: func(context.Context, string) (*sdk.Client, func(), error) {
+		gc, _ := goplugin.TestPluginGRPCConn(t, false, map[string]goplugin.Plugin{sdk.PluginKey: &sdk.GRPCPlugin{Impl: p}})
+		raw, err := gc.Dispense(sdk.PluginKey)
+		if err != nil {
+			return nil, nil, err
+		}
+		return raw.(*sdk.Client), func() { gc.Close() }, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { n.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st := n.Plugins()[0]
+		if st.State == host.PluginRunning {
+			break
+		}
+		if st.State == host.PluginFailed {
+			t.Fatalf("plugin %s did not start: %s", p.Name, st.Error)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("plugin %s did not start in 30s (%s)", p.Name, st.State)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return &Harness{t: t, p: p, node: n}
+}
+
+// Result is how one run of a job ended.
+type Result struct {
+	// Outcome is Completed, Failed, Crashed or Resubmitted.
+	Outcome string
+	// Reason explains Failed and Crashed.
+	Reason string
+	// Data is the job's data after the run, without the host's own
+	// "_couchjobs" field.
+	Data json.RawMessage
+}
+
+// Decode unmarshals the run's data into v.
+func (r Result) Decode(v any) error { return json.Unmarshal(r.Data, v) }
+
+// Run adds a job and waits, up to a minute, for its first run to end.
+func (h *Harness) Run(typ, id string, data any) Result {
+	h.t.Helper()
+	h.Add(typ, id, data)
+	return h.Wait(typ, id)
+}
+
+// Add adds a job (or re-adds it) without waiting.
+func (h *Harness) Add(typ, id string, data any) {
+	h.t.Helper()
+	n := jobs.NewJob{Type: typ, ID: id}
+	if data != nil {
+		b, err := json.Marshal(data)
+		if err != nil {
+			h.t.Fatalf("job data: %v", err)
+		}
+		n.Data = b
+	}
+	if err := h.node.Jobs().Add(context.Background(), n); err != nil {
+		h.t.Fatalf("add %s/%s: %v", typ, id, err)
+	}
+}
+
+// Wait waits, up to a minute, for the job's current or next run to end.
+func (h *Harness) Wait(typ, id string) Result {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	sub, err := h.node.Jobs().Subscribe(ctx, typ, id)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer sub.Close()
+	ran := false
+	for ev := sub.Latest(); ; {
+		switch {
+		case ev.State == jobs.NotFound:
+			h.t.Fatalf("job %s/%s was removed", typ, id)
+		case ev.State == jobs.Running:
+			ran = true
+		case ev.State == jobs.Finished || (ran && ev.State == jobs.Pending):
+			return result(ev.Info)
+		}
+		if ev, err = sub.Next(ctx); err != nil {
+			h.t.Fatalf("job %s/%s did not end its run within a minute (%s)", typ, id, sub.Latest().State)
+		}
+	}
+}
+
+func result(in jobs.Info) Result {
+	var obj map[string]json.RawMessage
+	json.Unmarshal(in.Data, &obj)
+	var meta struct {
+		Outcome string `json:"outcome"`
+		Reason  string `json:"reason"`
+	}
+	json.Unmarshal(obj["_couchjobs"], &meta)
+	delete(obj, "_couchjobs")
+	data, _ := json.Marshal(obj)
+	r := Result{Outcome: meta.Outcome, Reason: meta.Reason, Data: data}
+	if in.State == jobs.Pending && r.Outcome != Crashed {
+		r.Outcome = Resubmitted
+	}
+	return r
+}
+
+// Get reads a key of the plugin's own subspace, as its writes left it; nil
+// if absent.
+func (h *Harness) Get(key []byte) []byte {
+	h.t.Helper()
+	prefix := kv.Sub("plugins", h.p.Name).Bytes()
+	v, err := h.node.Store().ReadTransact(context.Background(), func(tx kv.ReadTx) (any, error) {
+		return tx.Get(append(append([]byte(nil), prefix...), key...))
+	})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return v.([]byte)
+}
+
+// Jobs gives the test the node's job layer, to inspect or arrange jobs.
+func (h *Harness) Jobs() *jobs.Jobs { return h.node.Jobs() }
+
+// testWriter sends the node's warnings to the test log.
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(b), "\n"))
+	return len(b), nil
+}
+
