@@ -314,3 +314,36 @@ func TestGracefulShutdownHandsJobsBack(t *testing.T) {
 		}
 	}
 }
+
+func TestPluginUsesHostServices(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "[plugins.alpha]\n")
+	n.waitRunning(t, "alpha")
+	n.add(t, "alpha", "parent", `{"manage":true}`)
+	in := n.waitState(t, "alpha", "parent", jobs.Finished)
+	var got struct {
+		States         []string `json:"states"`
+		ChildState     string   `json:"child_state"`
+		ChildWrites    int      `json:"child_writes"`
+		Gone           bool     `json:"gone"`
+		ForeignRefused bool     `json:"foreign_refused"`
+	}
+	if err := json.Unmarshal(in.Data, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.States[len(got.States)-1] != "finished" || got.ChildState != "finished" || got.ChildWrites != 2 || !got.Gone || !got.ForeignRefused {
+		t.Fatalf("what the plugin saw through the host: %s", in.Data)
+	}
+}
+
+func TestUpdateOverTheValueLimitIsRefused(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "[plugins.alpha]\n")
+	n.waitRunning(t, "alpha")
+	n.add(t, "alpha", "huge", `{"big_update":200000}`)
+	in := n.waitState(t, "alpha", "huge", jobs.Finished)
+	m := meta(t, in)
+	if r, _ := m["reason"].(string); m["outcome"] != "failed" || !strings.Contains(r, "exceeds the limit") {
+		t.Fatalf("an update over the value limit: %s", in.Data)
+	}
+}

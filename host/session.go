@@ -229,10 +229,6 @@ func (s *session) apply(ctx context.Context, msg *pluginv1.PluginMessage) []*plu
 		for _, it := range items {
 			if err := s.applyTx(ctx, []*item{it}); err != nil {
 				it.ack.Status, it.ack.Message = pluginv1.Ack_ERROR, err.Error()
-				if it.end != nil && it.run != nil {
-					s.p.log.Error("could not store a job's end; it runs again", "type", it.run.job.Type, "id", it.run.job.ID, "error", err)
-					s.giveBack(it.run, true, "the host could not store the run's end: "+err.Error())
-				}
 			}
 		}
 	}
@@ -243,6 +239,13 @@ func (s *session) apply(ctx context.Context, msg *pluginv1.PluginMessage) []*plu
 			it.run.data = it.data
 		}
 		if it.end != nil {
+			if it.run != nil && it.ack.Status == pluginv1.Ack_ERROR {
+				// An end the store refused (its data over the limit, say)
+				// must not leave the job running until the activity
+				// timeout: it runs again, as after a crash.
+				s.p.log.Error("refused a job's end; it runs again", "type", it.run.job.Type, "id", it.run.job.ID, "error", it.ack.Message)
+				s.giveBack(it.run, true, "the host refused the run's end: "+it.ack.Message)
+			}
 			s.remove(it.end.Handle)
 		}
 	}

@@ -95,14 +95,20 @@ func (j *Job) Update(ctx context.Context, u Update) error {
 			return err
 		}
 		msg.Data = b
-		j.mu.Lock()
-		j.result = b
-		j.mu.Unlock()
 	}
 	for _, w := range u.Writes {
 		msg.Writes = append(msg.Writes, w.w)
 	}
-	return j.run.update(ctx, msg)
+	if err := j.run.update(ctx, msg); err != nil {
+		return err
+	}
+	if msg.Data != nil {
+		// Only data the host stored becomes the final data.
+		j.mu.Lock()
+		j.result = msg.Data
+		j.mu.Unlock()
+	}
+	return nil
 }
 
 // Stopped reports whether the host stopped the run, and why. Call it when

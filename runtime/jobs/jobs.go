@@ -115,8 +115,11 @@ type Jobs struct {
 	mu        sync.Mutex
 	notifiers map[string]*notifier // by type, while it has subscriptions
 	types     map[string]time.Time // registered types seen, until when to trust that
-	closed    bool
-	wg        sync.WaitGroup // the notifiers' goroutines
+	// typesChanged wakes RunMonitors when this process registers a type,
+	// so that its monitor starts at once rather than at the next listing.
+	typesChanged chan struct{}
+	closed       bool
+	wg           sync.WaitGroup // the notifiers' goroutines
 }
 
 // New returns the job layer on store. Call Close to stop its
@@ -141,12 +144,13 @@ func New(store kv.Store, opts Options) *Jobs {
 		opts.MonitorTypesEvery = 15 * time.Second
 	}
 	return &Jobs{
-		store:     store,
-		sub:       kv.Sub(opts.Prefix...),
-		log:       opts.Logger.Named("jobs"),
-		opts:      opts,
-		notifiers: make(map[string]*notifier),
-		types:     make(map[string]time.Time),
+		store:        store,
+		sub:          kv.Sub(opts.Prefix...),
+		log:          opts.Logger.Named("jobs"),
+		opts:         opts,
+		notifiers:    make(map[string]*notifier),
+		types:        make(map[string]time.Time),
+		typesChanged: make(chan struct{}, 1),
 	}
 }
 

@@ -75,8 +75,14 @@ func (j *Jobs) RunMonitors(ctx context.Context) error {
 				delete(running, name)
 			}
 		}
-		if err := kv.Sleep(ctx, jitter(j.opts.MonitorTypesEvery)); err != nil {
+		t := time.NewTimer(jitter(j.opts.MonitorTypesEvery))
+		select {
+		case <-ctx.Done():
+			t.Stop()
 			return nil
+		case <-t.C:
+		case <-j.typesChanged: // a type registered here: monitor it now
+			t.Stop()
 		}
 	}
 }

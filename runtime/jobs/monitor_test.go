@@ -283,3 +283,39 @@ func TestTooLargeFailsCleanly(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestRunMonitorsStartsNewTypesAtOnce registers a type while RunMonitors
+// runs, with the periodic look for types an hour away: the new type's
+// monitor must start at once.
+func TestRunMonitorsStartsNewTypesAtOnce(t *testing.T) {
+	t.Parallel()
+	j := newJobs(t, Options{MonitorTypesEvery: time.Hour})
+	mctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { j.RunMonitors(mctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	time.Sleep(50 * time.Millisecond) // the first listing has passed
+	if err := j.SetTypeTimeout(ctx, "late", 200*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Add(ctx, NewJob{Type: "late", ID: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.Accept(ctx, "late", AcceptOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		in, err := j.Get(ctx, "late", "x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if in.State == Pending {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the new type's stale job was not re-enqueued: its monitor did not start")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -237,6 +237,12 @@ func (j *Jobs) SetTypeTimeout(ctx context.Context, typ string, timeout time.Dura
 		tx.Set(j.timeoutKey(typ), tuple.Tuple{timeout.Milliseconds()}.Pack())
 		return nil, nil
 	})
+	if err == nil {
+		select {
+		case j.typesChanged <- struct{}{}:
+		default:
+		}
+	}
 	return err
 }
 

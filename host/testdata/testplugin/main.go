@@ -32,11 +32,60 @@ type spec struct {
 	Panic      string `json:"panic"`
 	ExitOnce   string `json:"exit_once"`
 	IgnoreStop bool   `json:"ignore_stop"`
+	BigUpdate  int    `json:"big_update"`
+	Manage     bool   `json:"manage"`
+}
+
+// manage exercises every host service: it adds a child job of its own
+// type, follows it to the end, reads the child's writes back by range,
+// removes the child, and reports what it saw.
+func manage(ctx context.Context, job *sdk.Job) error {
+	h := job.Host()
+	child := "child-of-" + job.ID
+	if err := h.AddJob(ctx, sdk.NewJob{Type: job.Type, ID: child, Data: map[string]any{"updates": 2, "write": "w"}}); err != nil {
+		return fmt.Errorf("add child: %w", err)
+	}
+	var states []string
+	if err := h.Subscribe(ctx, job.Type, child, func(in sdk.JobInfo) error {
+		if len(states) == 0 || states[len(states)-1] != in.State {
+			states = append(states, in.State)
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("subscribe: %w", err)
+	}
+	info, err := h.GetJob(ctx, job.Type, child)
+	if err != nil {
+		return fmt.Errorf("get child: %w", err)
+	}
+	kvs, err := h.Range(ctx, []byte("w/"+child+"/"), []byte("w/"+child+"0"), 0, false)
+	if err != nil {
+		return fmt.Errorf("range: %w", err)
+	}
+	if err := h.RemoveJob(ctx, job.Type, child); err != nil {
+		return fmt.Errorf("remove child: %w", err)
+	}
+	_, gone := h.GetJob(ctx, job.Type, child)
+	foreign := h.AddJob(ctx, sdk.NewJob{Type: "someone-elses", ID: "x"})
+	return job.SetResult(map[string]any{
+		"states": states, "child_state": info.State, "child_writes": len(kvs),
+		"gone": errors.Is(gone, sdk.ErrNotFound), "foreign_refused": foreign != nil && strings.Contains(foreign.Error(), "does not own"),
+	})
 }
 
 func run(ctx context.Context, job *sdk.Job) error {
 	var s spec
 	if err := job.Decode(&s); err != nil {
+		return sdk.Fail(err)
+	}
+	if s.Manage {
+		return manage(ctx, job)
+	}
+	if s.BigUpdate > 0 {
+		err := job.Update(ctx, sdk.Update{Data: map[string]string{"blob": strings.Repeat("x", s.BigUpdate)}})
+		if err == nil {
+			return errors.New("the host took an update over the value limit")
+		}
 		return sdk.Fail(err)
 	}
 	if s.ExitOnce != "" {
