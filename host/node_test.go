@@ -42,7 +42,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build the test plugin: %v\n%s", err, out)
 		os.Exit(1)
 	}
-	for _, name := range []string{"beta", "stdout", "hang", "cookie", "version", "crashy", "rejecting"} {
+	for _, name := range []string{"beta", "stdout", "hang", "cookie", "version", "crashy", "rejecting", "slowbeat"} {
 		if err := os.Link(bin, filepath.Join(dir, "couchjobs-"+name)); err != nil {
 			panic(err)
 		}
@@ -345,5 +345,24 @@ func TestUpdateOverTheValueLimitIsRefused(t *testing.T) {
 	m := meta(t, in)
 	if r, _ := m["reason"].(string); m["outcome"] != "failed" || !strings.Contains(r, "exceeds the limit") {
 		t.Fatalf("an update over the value limit: %s", in.Data)
+	}
+}
+
+// TestCancelStopsTheRunAtOnce cancels a running job of a type whose
+// heartbeats come every 20 s: the plugin must be told at once.
+func TestCancelStopsTheRunAtOnce(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "[plugins.slowbeat]\n")
+	n.waitRunning(t, "slowbeat")
+	n.add(t, "slowbeat", "long", `{"sleep_ms":600000}`)
+	waitFor(t, 20*time.Second, "the job to run in the plugin", func() bool { return n.plugin("slowbeat").Running == 1 })
+	canceled := time.Now()
+	if err := n.Jobs().Cancel(context.Background(), "slowbeat", "long"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the plugin to end the canceled run", func() bool { return n.plugin("slowbeat").Running == 0 })
+	t.Logf("the run ended %v after the cancel", time.Since(canceled))
+	if in := n.get(t, "slowbeat", "long"); in.State != jobs.Finished || !in.Canceled {
+		t.Fatalf("canceled job: %+v", in)
 	}
 }

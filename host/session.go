@@ -42,6 +42,7 @@ type hostRun struct {
 	typ     *pluginv1.JobType
 	data    json.RawMessage // the job's data as last stored
 	started time.Time
+	stopped bool // a stop was sent; guarded by session.mu
 }
 
 func newSession(ctx context.Context, p *plugin, c *sdk.Client, desc *pluginv1.DescribeResponse) (*session, error) {
@@ -66,6 +67,7 @@ func (s *session) serve(ctx, accept context.Context) error {
 	wg.Go(func() { s.send(s.ctx) })
 	for _, t := range s.types {
 		wg.Go(func() { s.acceptor(actx, t) })
+		wg.Go(func() { s.watchStops(s.ctx, t) })
 	}
 	err := s.receive(ctx)
 	stopAccepting()
@@ -148,6 +150,82 @@ func (s *session) acceptor(ctx context.Context, t *pluginv1.JobType) {
 			})
 			log.Debug("job started", "id", job.ID)
 		}
+		s.enqueue(msg)
+	}
+}
+
+// watchStops stops this node's runs of a type whose jobs were canceled or
+// removed, as soon as that commits anywhere in the cluster. A run that
+// ignores the stop for longer than stopGrace is given up: its slot is
+// freed and whatever it sends later is answered with a conflict.
+func (s *session) watchStops(ctx context.Context, t *pluginv1.JobType) {
+	j := s.p.n.jobs
+	for ctx.Err() == nil {
+		v, err := s.p.n.store.Transact(ctx, func(tx kv.Tx) (any, error) { return j.WatchStopsTx(tx, t.Name), nil })
+		if err != nil {
+			if kv.Sleep(ctx, time.Second) != nil {
+				return
+			}
+			continue
+		}
+		w := v.(kv.Watch)
+		err = kv.WaitWatch(ctx, w)
+		w.Cancel()
+		if err != nil {
+			return
+		}
+		s.stopCanceled(ctx, t.Name)
+	}
+}
+
+// stopGrace is how long a canceled run has to end before the host gives
+// it up.
+const stopGrace = 10 * time.Second
+
+// stopCanceled sends a stop to every run of typ whose job is canceled or
+// gone.
+func (s *session) stopCanceled(ctx context.Context, typ string) {
+	s.mu.Lock()
+	var runs []*hostRun
+	for _, r := range s.runs {
+		if r.job.Type == typ && !r.stopped {
+			runs = append(runs, r)
+		}
+	}
+	s.mu.Unlock()
+	if len(runs) == 0 {
+		return
+	}
+	v, err := s.p.n.store.ReadTransact(ctx, func(tx kv.ReadTx) (any, error) {
+		var stop []*hostRun
+		for _, r := range runs {
+			in, err := s.p.n.jobs.GetTx(tx, r.job.Type, r.job.ID)
+			if errors.Is(err, jobs.ErrNotFound) || (err == nil && in.Canceled) {
+				stop = append(stop, r)
+			} else if err != nil {
+				return nil, err
+			}
+		}
+		return stop, nil
+	})
+	if err != nil {
+		return
+	}
+	msg := &pluginv1.HostMessage{}
+	for _, r := range v.([]*hostRun) {
+		s.mu.Lock()
+		r.stopped = true
+		s.mu.Unlock()
+		msg.Stops = append(msg.Stops, &pluginv1.StopJob{Handle: r.handle, Reason: pluginv1.StopJob_CANCEL, GraceMs: stopGrace.Milliseconds()})
+		s.p.log.Info("stopping a canceled job", "type", r.job.Type, "id", r.job.ID)
+		time.AfterFunc(stopGrace, func() {
+			if s.get(r.handle) == r {
+				s.p.log.Warn("a canceled job ignored its stop; giving up its slot", "type", r.job.Type, "id", r.job.ID, "grace", stopGrace)
+				s.remove(r.handle)
+			}
+		})
+	}
+	if len(msg.Stops) > 0 {
 		s.enqueue(msg)
 	}
 }

@@ -303,6 +303,9 @@ func (j *Jobs) RemoveTx(tx kv.Tx, typ, id string) error {
 	j.unlink(tx, typ, id, r)
 	tx.Clear(j.dataKey(typ, id))
 	j.touchType(tx, typ)
+	if r.state == Running {
+		j.stopped(tx, typ)
+	}
 	j.log.Info("job removed", "type", typ, "id", id, "state", r.state)
 	return nil
 }
@@ -326,6 +329,9 @@ func (j *Jobs) CancelTx(tx kv.Tx, typ, id string) error {
 	}
 	if r.state == Finished {
 		return nil
+	}
+	if r.state == Running {
+		j.stopped(tx, typ)
 	}
 	j.unlink(tx, typ, id, r)
 	r.state, r.lock, r.canceled, r.resubmit = Finished, nil, true, false

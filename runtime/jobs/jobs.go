@@ -80,6 +80,7 @@ const (
 	keyWatchActivity   = 4 // (4, type) = versionstamp of the type's last change
 	keyActivityTimeout = 5 // (5, type) = activity timeout in milliseconds; the type registry
 	keyActivity        = 6 // (6, type, versionstamp, id) = "", one per running job
+	keyWatchStop       = 7 // (7, type) = versionstamp of the last cancel or removal of a running job
 )
 
 // Options configure a Jobs layer.
@@ -215,6 +216,19 @@ func (j *Jobs) stampedActivityKey(typ, id string) []byte {
 // on it, and the activity monitor reads it as the type's latest activity.
 func (j *Jobs) touchType(tx kv.Tx, typ string) {
 	tx.SetVersionstampedValue(j.watchActivityKey(typ), stampValue)
+}
+
+// WatchStopsTx returns a watch that fires when a running job of typ is
+// canceled or removed, so that the node running it can stop it at once
+// rather than at its worker's next update. Check the node's running jobs
+// (GetTx) when it fires.
+func (j *Jobs) WatchStopsTx(tx kv.Tx, typ string) kv.Watch {
+	return tx.Watch(j.sub.Pack(tuple.Tuple{keyWatchStop, typ}))
+}
+
+// stopped records that a running job of typ was canceled or removed.
+func (j *Jobs) stopped(tx kv.Tx, typ string) {
+	tx.SetVersionstampedValue(j.sub.Pack(tuple.Tuple{keyWatchStop, typ}), stampValue)
 }
 
 // bumpPending wakes acceptors of typ blocked on an empty queue. The key

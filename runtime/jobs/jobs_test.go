@@ -661,3 +661,47 @@ func TestTypes(t *testing.T) {
 		t.Fatalf("add to a cleared type: %v", err)
 	}
 }
+
+func TestWatchStops(t *testing.T) {
+	t.Parallel()
+	j := newJobs(t, Options{AcceptSpread: -1})
+	watch := func() kv.Watch {
+		v, err := j.store.Transact(ctx, func(tx kv.Tx) (any, error) { return j.WatchStopsTx(tx, typ), nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v.(kv.Watch)
+	}
+	fired := func(w kv.Watch, d time.Duration) bool {
+		select {
+		case <-w.Done():
+			return true
+		case <-time.After(d):
+			return false
+		}
+	}
+	mustAdd(t, j, NewJob{ID: "pending"})
+	w := watch()
+	if err := j.Cancel(ctx, typ, "pending"); err != nil {
+		t.Fatal(err)
+	}
+	if fired(w, 100*time.Millisecond) {
+		t.Fatal("canceling a pending job fired the stop watch")
+	}
+	w.Cancel()
+	for _, stop := range []func(id string) error{
+		func(id string) error { return j.Cancel(ctx, typ, id) },
+		func(id string) error { return j.Remove(ctx, typ, id) },
+	} {
+		mustAdd(t, j, NewJob{ID: "run"})
+		mustAccept(t, j, AcceptOptions{})
+		w := watch()
+		if err := stop("run"); err != nil {
+			t.Fatal(err)
+		}
+		if !fired(w, 5*time.Second) {
+			t.Fatal("stopping a running job did not fire the stop watch")
+		}
+		j.Remove(ctx, typ, "run")
+	}
+}

@@ -2,7 +2,8 @@
 // couchjobs-NAME, it is plugin NAME with one job type, NAME; some names
 // make it misbehave at launch, as the tests need: "stdout" prints before
 // the handshake, "hang" never starts, "cookie" has the wrong magic cookie,
-// "version" speaks protocol version 99, "crashy" panics outside any job.
+// "version" speaks protocol version 99, "crashy" panics outside any job,
+// "slowbeat" has a one-minute activity timeout (rare heartbeats).
 //
 // A job's data says what its run does: {"sleep_ms": N, "updates": N,
 // "write": "key", "fail": "reason", "crash": "reason", "panic": "text",
@@ -135,10 +136,15 @@ func run(ctx context.Context, job *sdk.Job) error {
 
 func main() {
 	name := strings.TrimPrefix(filepath.Base(os.Args[0]), "couchjobs-")
+	// "slowbeat" has a long activity timeout, so heartbeats are rare.
+	timeout := 2 * time.Second
+	if name == "slowbeat" {
+		timeout = time.Minute
+	}
 	p := &sdk.Plugin{
 		Name:    name,
 		Version: "0.0.1-test",
-		Types:   []sdk.Type{{Name: name, ActivityTimeout: 2 * time.Second, Worker: sdk.WorkerFunc(run)}},
+		Types:   []sdk.Type{{Name: name, ActivityTimeout: timeout, Worker: sdk.WorkerFunc(run)}},
 		Configure: func(_ context.Context, c *sdk.Config) error {
 			var cfg struct {
 				Reject string `json:"reject"`
