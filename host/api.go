@@ -100,7 +100,8 @@ func (n *Node) listenAPI() (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: http.listen %s: %w", n.cfg.Path(), n.cfg.HTTP.Listen, err)
 	}
-	n.apiAddr = ln.Addr().String()
+	addr := ln.Addr().String()
+	n.apiAddr.Store(&addr)
 	return ln, nil
 }
 
@@ -113,14 +114,19 @@ func (n *Node) serveAPI(ctx context.Context, ln net.Listener) {
 		defer cancel()
 		srv.Shutdown(sctx)
 	}()
-	n.log.Info("API listening", "address", n.apiAddr)
+	n.log.Info("API listening", "address", n.APIAddr())
 	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		n.log.Error("API stopped", "error", err)
 	}
 }
 
 // APIAddr returns the address the API listens on, once it does.
-func (n *Node) APIAddr() string { return n.apiAddr }
+func (n *Node) APIAddr() string {
+	if a := n.apiAddr.Load(); a != nil {
+		return *a
+	}
+	return ""
+}
 
 // admin wraps a handler that changes something: it needs an admin's basic
 // auth.
@@ -425,7 +431,7 @@ const nodeHeartbeat = 15 * time.Second
 func (n *Node) heartbeat(ctx context.Context) {
 	started := time.Now().UTC()
 	for {
-		rec := NodeJSON{Name: n.cfg.Node.Name, Groups: n.cfg.Node.Groups, API: n.apiAddr, Started: started, Heartbeat: time.Now().UTC()}
+		rec := NodeJSON{Name: n.cfg.Node.Name, Groups: n.cfg.Node.Groups, API: n.APIAddr(), Started: started, Heartbeat: time.Now().UTC()}
 		b, _ := json.Marshal(rec)
 		if _, err := n.store.Transact(ctx, func(tx kv.Tx) (any, error) {
 			tx.Set(nodesSub.Pack([]any{n.cfg.Node.Name}), b)

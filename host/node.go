@@ -42,7 +42,7 @@ type Node struct {
 	slots   chan struct{}
 	plugins []*plugin
 	metrics metrics
-	apiAddr string // where the API listens, once it does
+	apiAddr atomic.Pointer[string] // where the API listens, once it does
 }
 
 // metrics are the node's counters, for the API and /metrics.
