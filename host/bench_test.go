@@ -8,14 +8,13 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/couchjobs/couchjobs/host/config"
+	"github.com/couchjobs/couchjobs/host/internal/proc"
 	"github.com/couchjobs/couchjobs/runtime/jobs"
 )
 
@@ -36,12 +35,8 @@ func benchNode(b *testing.B, maxJobs int) *Node {
 	done := make(chan struct{})
 	go func() { n.Run(ctx); close(done) }()
 	b.Cleanup(func() { cancel(); <-done })
-	deadline := time.Now().Add(30 * time.Second)
-	for len(n.Plugins()) == 0 || n.Plugins()[0].State != PluginRunning {
-		if time.Now().After(deadline) {
-			b.Fatal("the plugin did not start")
-		}
-		time.Sleep(10 * time.Millisecond)
+	if err := n.Ready(ctx); err != nil {
+		b.Fatal(err)
 	}
 	return n
 }
@@ -126,48 +121,7 @@ func BenchmarkMemory1000Running(b *testing.B) {
 	time.Sleep(500 * time.Millisecond) // let heartbeats and goroutines settle
 	runtime.GC()
 	for range b.N {
-		b.ReportMetric(rssMiB(os.Getpid()), "host-MiB")
-		b.ReportMetric(rssMiB(childPID("couchjobs-alpha")), "plugin-MiB")
+		b.ReportMetric(proc.RSSMiB(os.Getpid()), "host-MiB")
+		b.ReportMetric(proc.RSSMiB(proc.Child(os.Getpid(), "couchjobs-alpha")), "plugin-MiB")
 	}
-}
-
-// rssMiB reads a process's resident set size from /proc.
-func rssMiB(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return -1
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, _ := strconv.Atoi(f[1])
-			return float64(kb) / 1024
-		}
-	}
-	return -1
-}
-
-// childPID finds this process's child with the given command name.
-func childPID(name string) int {
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		// pid (comm) state ppid ...
-		s := string(b)
-		close := strings.LastIndexByte(s, ')')
-		if close < 0 || !strings.Contains(s[:close], "("+name) {
-			continue
-		}
-		f := strings.Fields(s[close+1:])
-		if len(f) > 1 && f[1] == strconv.Itoa(os.Getpid()) {
-			return pid
-		}
-	}
-	return -1
 }

@@ -102,6 +102,31 @@ func (n *Node) Plugins() []PluginStatus {
 	return out
 }
 
+// Ready waits until the node's API listens (unless it is off) and every
+// plugin runs. It returns an error naming the first plugin that cannot
+// run, or ctx's error. Tests, and supervisors that gate on readiness, use
+// it after starting Run.
+func (n *Node) Ready(ctx context.Context) error {
+	for {
+		ready := n.cfg.HTTP.Listen == "off" || n.APIAddr() != ""
+		for _, p := range n.Plugins() {
+			switch p.State {
+			case PluginFailed:
+				return fmt.Errorf("plugin %s cannot run: %s", p.Name, p.Error)
+			case PluginRunning:
+			default:
+				ready = false
+			}
+		}
+		if ready {
+			return nil
+		}
+		if err := kv.Sleep(ctx, 5*time.Millisecond); err != nil {
+			return fmt.Errorf("the node is not ready: %w", err)
+		}
+	}
+}
+
 // typeOwner returns the name of another plugin that declared job type t.
 func (n *Node) typeOwner(t string, except *plugin) string {
 	for _, p := range n.plugins {

@@ -79,19 +79,10 @@ func New(t testing.TB, p *sdk.Plugin, cfg map[string]any) *Harness {
 	done := make(chan struct{})
 	go func() { n.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		st := n.Plugins()[0]
-		if st.State == host.PluginRunning {
-			break
-		}
-		if st.State == host.PluginFailed {
-			t.Fatalf("plugin %s did not start: %s", p.Name, st.Error)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("plugin %s did not start in 30s (%s)", p.Name, st.State)
-		}
-		time.Sleep(5 * time.Millisecond)
+	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer rcancel()
+	if err := n.Ready(rctx); err != nil {
+		t.Fatal(err)
 	}
 	return &Harness{t: t, p: p, node: n}
 }

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/crypto/bcrypt"
 
@@ -39,12 +38,8 @@ func startNode(t *testing.T) string {
 	done := make(chan struct{})
 	go func() { n.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	deadline := time.Now().Add(20 * time.Second)
-	for n.APIAddr() == "" || len(n.Plugins()) == 0 || n.Plugins()[0].State != host.PluginRunning {
-		if time.Now().After(deadline) {
-			t.Fatal("the node did not start")
-		}
-		time.Sleep(20 * time.Millisecond)
+	if err := n.Ready(ctx); err != nil {
+		t.Fatal(err)
 	}
 	return "http://" + n.APIAddr()
 }

@@ -7,14 +7,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/couchjobs/couchjobs/host"
 	"github.com/couchjobs/couchjobs/host/config"
+	"github.com/couchjobs/couchjobs/host/internal/proc"
 	"github.com/couchjobs/couchjobs/runtime/jobs"
 )
 
@@ -83,7 +82,7 @@ func TestKilledHost(t *testing.T) {
 		in, err := j.Get(ctx, "alpha", "orphan")
 		return err == nil && in.State == jobs.Running
 	})
-	plugin := childOf(victim.Process.Pid, "couchjobs-alpha")
+	plugin := proc.Child(victim.Process.Pid, "couchjobs-alpha")
 	if plugin < 0 {
 		t.Fatal("found no plugin process under the victim")
 	}
@@ -106,28 +105,4 @@ func TestKilledHost(t *testing.T) {
 		return err == nil && in.State == jobs.Finished
 	})
 	t.Logf("finished elsewhere %v after the kill (activity timeout 2s)", time.Since(killed))
-}
-
-// childOf finds a child process of parent with the given command name.
-func childOf(parent int, name string) int {
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		end := strings.LastIndexByte(s, ')')
-		if end < 0 || !strings.Contains(s[:end], "("+name) {
-			continue
-		}
-		if f := strings.Fields(s[end+1:]); len(f) > 1 && f[1] == strconv.Itoa(parent) {
-			return pid
-		}
-	}
-	return -1
 }
