@@ -43,6 +43,9 @@ type Node struct {
 	plugins []*plugin
 	metrics metrics
 	apiAddr atomic.Pointer[string] // where the API listens, once it does
+	// verified remembers admin credentials bcrypt accepted, by the SHA-256
+	// of name and password.
+	verified sync.Map
 }
 
 // metrics are the node's counters, for the API and /metrics.
