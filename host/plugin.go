@@ -240,7 +240,7 @@ func (p *plugin) launchProcess(_ context.Context, _ string) (*sdk.Client, func()
 		return nil, nil, err
 	}
 	cmd := exec.Command(p.path)
-	setParentDeathSignal(cmd)
+	setProcAttr(cmd)
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  sdk.Handshake,
 		VersionedPlugins: map[int]goplugin.PluginSet{sdk.ProtocolVersion: {sdk.PluginKey: &sdk.GRPCPlugin{}}},
