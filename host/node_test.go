@@ -274,8 +274,12 @@ func TestPanicsAreReported(t *testing.T) {
 	if r, _ := m["reason"].(string); !strings.Contains(r, "panic: kaboom") {
 		t.Fatalf("crash reason %q lacks the panic text", r)
 	}
-	// A plugin that panics outside a job is relaunched.
+	// A plugin that panics outside a job is relaunched, and reported as
+	// crashed with the panic text.
 	waitFor(t, 20*time.Second, "the crashy plugin to be relaunched", func() bool { return n.plugin("crashy").Restarts >= 1 })
+	waitFor(t, 20*time.Second, "the crash to be reported", func() bool {
+		return strings.Contains(n.plugin("crashy").Error, "plugin crashy crashed: panic: crashy plugin: a bug outside any job")
+	})
 }
 
 func TestGracefulShutdownHandsJobsBack(t *testing.T) {

@@ -78,6 +78,7 @@ type plugin struct {
 	lastErr  error
 	restarts int
 	session  *session
+	stderr   *stderrTail // the running process's last stderr lines
 }
 
 func newPlugin(n *Node, name string, cfg *config.Plugin) *plugin {
@@ -229,12 +230,65 @@ func (p *plugin) runOnce(ctx, accept context.Context) error {
 	if err == nil {
 		err = errors.New("the plugin ended its session")
 	}
+	if panicText := p.panicText(); panicText != "" {
+		err = fmt.Errorf("plugin %s crashed: %s", p.name, panicText)
+	}
 	return err
+}
+
+// panicText returns the panic the plugin process printed before it died,
+// if it did: go-plugin logs a plugin's raw stderr only at debug level.
+func (p *plugin) panicText() string {
+	p.mu.Lock()
+	tail := p.stderr
+	p.mu.Unlock()
+	if tail == nil {
+		return ""
+	}
+	// Give the last lines of a dying process a moment to arrive.
+	time.Sleep(50 * time.Millisecond)
+	return tail.panic()
+}
+
+// stderrTail keeps the last lines of a plugin's raw stderr.
+type stderrTail struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+const stderrTailLines = 40
+
+func (t *stderrTail) Write(b []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, line := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+		t.lines = append(t.lines, line)
+	}
+	if over := len(t.lines) - stderrTailLines; over > 0 {
+		t.lines = append(t.lines[:0], t.lines[over:]...)
+	}
+	return len(b), nil
+}
+
+// panic returns the last "panic:" line and the few lines after it.
+func (t *stderrTail) panic() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for i := len(t.lines) - 1; i >= 0; i-- {
+		if strings.HasPrefix(t.lines[i], "panic: ") {
+			return strings.Join(t.lines[i:min(len(t.lines), i+6)], "\n")
+		}
+	}
+	return ""
 }
 
 // launchProcess starts the plugin binary and returns its client and a
 // function that kills it.
 func (p *plugin) launchProcess(_ context.Context, _ string) (*sdk.Client, func(), error) {
+	tail := &stderrTail{}
+	p.mu.Lock()
+	p.stderr = tail
+	p.mu.Unlock()
 	sum, err := p.checkBinary()
 	if err != nil {
 		return nil, nil, err
@@ -254,6 +308,7 @@ func (p *plugin) launchProcess(_ context.Context, _ string) (*sdk.Client, func()
 			grpc.MaxCallRecvMsgSize(sdk.MaxMessageSize), grpc.MaxCallSendMsgSize(sdk.MaxMessageSize))},
 		SyncStdout: logWriter{p.log.Named("stdout")},
 		SyncStderr: logWriter{p.log.Named("stderr")},
+		Stderr:     tail,
 	})
 	rpc, err := client.Client()
 	if err != nil {
