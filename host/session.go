@@ -400,7 +400,11 @@ func (s *session) applyOne(tx kv.Tx, it *item) error {
 				err = job.Finish(tx, data)
 			}
 		case pluginv1.End_RESUBMIT:
-			err = job.Resubmit(tx, jobs.ResubmitOptions{Priority: max(e.ResubmitAtMs, 0), Data: data})
+			o := jobs.ResubmitOptions{Data: data}
+			if e.ResubmitAtMs > 0 {
+				o.At = time.UnixMilli(e.ResubmitAtMs)
+			}
+			err = job.Resubmit(tx, o)
 		default: // CRASHED, or an outcome this host does not know
 			var at time.Time
 			data, at, err = crashed(data, e.Reason, sched.MinBackoff.Duration, sched.MaxBackoff.Duration)

@@ -21,9 +21,9 @@ type AcceptOptions struct {
 	// of its groups.
 	Node   string
 	Groups []string
-	// MaxPriority is the largest priority taken. Zero means "due now": the
-	// current Unix time in milliseconds, so that scheduled jobs wait for
-	// their time. math.MaxInt64 takes every job.
+	// MaxPriority, if positive, is the largest priority taken; zero takes
+	// every priority. Scheduled jobs are taken only once due, whatever
+	// their priority.
 	MaxPriority int64
 	// Limit is the most jobs to take in one transaction; default 1.
 	Limit int
@@ -71,25 +71,39 @@ func (j *Jobs) Accept(ctx context.Context, typ string, o AcceptOptions) ([]*Job,
 	}
 	limit := max(o.Limit, 1)
 	placements := o.placements()
+	maxPriority := o.MaxPriority
+	if maxPriority <= 0 {
+		maxPriority = math.MaxInt64
+	}
 	for {
-		maxPriority := o.MaxPriority
-		if maxPriority == 0 {
-			maxPriority = j.nowPriority()
-		}
 		type result struct {
 			jobs  []*Job
 			watch kv.Watch
-			due   int64 // the earliest priority above maxPriority; -1 if none
+			due   int64 // the earliest due time of a delayed job; -1 if none
 		}
 		v, err := j.store.Transact(ctx, func(tx kv.Tx) (any, error) {
 			if err := j.checkType(tx, newBatch(), typ); err != nil {
 				return nil, err
 			}
+			promoted := false
+			if j.promoteDue(typ) {
+				if err := j.promote(tx, typ); err != nil {
+					return nil, err
+				}
+				promoted = true
+			}
 			jobs, found, err := j.acceptTx(tx, typ, placements, maxPriority, limit)
+			if err == nil && !found && !promoted {
+				// Nothing else to do: due jobs must not wait.
+				if err := j.promote(tx, typ); err != nil {
+					return nil, err
+				}
+				jobs, found, err = j.acceptTx(tx, typ, placements, maxPriority, limit)
+			}
 			if err != nil || len(jobs) > 0 || found || !o.Wait {
 				return result{jobs: jobs}, err
 			}
-			due, err := j.nextDue(tx, typ, placements, maxPriority)
+			due, err := j.nextDue(tx, typ)
 			if err != nil {
 				return nil, err
 			}
@@ -109,8 +123,8 @@ func (j *Jobs) Accept(ctx context.Context, typ string, o AcceptOptions) ([]*Job,
 			continue // only orphaned entries were found and cleared
 		}
 		wait := safetyRecheck
-		if res.due >= 0 && o.MaxPriority == 0 {
-			wait = min(wait, time.Duration(res.due-j.nowPriority())*time.Millisecond)
+		if res.due >= 0 {
+			wait = min(wait, time.Duration(res.due-j.nowMs())*time.Millisecond)
 		}
 		err = j.sleep(ctx, res.watch, max(wait, time.Millisecond))
 		res.watch.Cancel()
@@ -118,6 +132,59 @@ func (j *Jobs) Accept(ctx context.Context, typ string, o AcceptOptions) ([]*Job,
 			return nil, err
 		}
 	}
+}
+
+// promoteBatch bounds the due jobs one accept moves to the pending queue.
+const promoteBatch = 256
+
+// promoteEvery is how often a busy acceptor looks for due jobs; an
+// acceptor that finds nothing else to do always looks. Reading the delayed
+// queue on every accept cost 10-20% of a job's lifecycle.
+const promoteEvery = 100 * time.Millisecond
+
+// promoteDue says whether this process's acceptors of typ should look for
+// due jobs now, and if so records that they did.
+func (j *Jobs) promoteDue(typ string) bool {
+	now := time.Now()
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if now.Sub(j.promoted[typ]) < promoteEvery {
+		return false
+	}
+	j.promoted[typ] = now
+	return true
+}
+
+// promote moves jobs whose due time has come from the delayed queue to the
+// pending queue. Acceptors do it as they look for work, so due jobs reach
+// the queue as soon as any node wants one of their type. Each entry is
+// checked against its job, so a stale entry is only cleared.
+func (j *Jobs) promote(tx kv.Tx, typ string) error {
+	r := kv.Range{
+		Begin: j.sub.RangeOf(tuple.Tuple{keyDelayed, typ}).Begin,
+		End:   j.sub.RangeOf(tuple.Tuple{keyDelayed, typ, j.nowMs()}).End,
+	}
+	kvs, err := tx.GetRange(r, kv.RangeOptions{Limit: promoteBatch})
+	if err != nil {
+		return err
+	}
+	for _, e := range kvs {
+		t, err := j.sub.Unpack(e.Key)
+		if err != nil || len(t) != 4 {
+			return fmt.Errorf("malformed delayed entry: %v", err)
+		}
+		due, _ := t[2].(int64)
+		id, _ := t[3].(string)
+		tx.Clear(e.Key)
+		rec, err := j.load(tx, typ, id)
+		if err != nil {
+			return err
+		}
+		if rec != nil && rec.state == Pending && rec.due == due {
+			tx.Set(j.pendingKey(typ, rec.placement, rec.priority, id), nil)
+		}
+	}
+	return nil
 }
 
 // sleep waits for w, for d, or for ctx.
@@ -216,30 +283,16 @@ func (j *Jobs) take(tx kv.Tx, typ string, c candidate) (*Job, error) {
 	}, nil
 }
 
-// nextDue returns the smallest priority above maxPriority among the
-// placements' queues, or -1 if there is none.
-func (j *Jobs) nextDue(tx kv.Tx, typ string, placements []string, maxPriority int64) (int64, error) {
-	due := int64(-1)
-	if maxPriority == math.MaxInt64 {
-		return due, nil
+// nextDue returns the earliest due time in the delayed queue, or -1.
+func (j *Jobs) nextDue(tx kv.Tx, typ string) (int64, error) {
+	kvs, err := tx.Snapshot().GetRange(j.sub.RangeOf(tuple.Tuple{keyDelayed, typ}), kv.RangeOptions{Limit: 1})
+	if err != nil || len(kvs) == 0 {
+		return -1, err
 	}
-	for _, p := range placements {
-		r := j.sub.RangeOf(tuple.Tuple{keyPending, typ, p})
-		r.Begin = j.sub.Pack(tuple.Tuple{keyPending, typ, p, maxPriority + 1})
-		kvs, err := tx.Snapshot().GetRange(r, kv.RangeOptions{Limit: 1})
-		if err != nil || len(kvs) == 0 {
-			if err != nil {
-				return 0, err
-			}
-			continue
-		}
-		t, err := j.sub.Unpack(kvs[0].Key)
-		if err != nil || len(t) != 5 {
-			return 0, fmt.Errorf("malformed pending entry: %v", err)
-		}
-		if prio, ok := t[3].(int64); ok && (due < 0 || prio < due) {
-			due = prio
-		}
+	t, err := j.sub.Unpack(kvs[0].Key)
+	if err != nil || len(t) != 4 {
+		return 0, fmt.Errorf("malformed delayed entry: %v", err)
 	}
+	due, _ := t[2].(int64)
 	return due, nil
 }

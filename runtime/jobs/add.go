@@ -45,12 +45,11 @@ type NewJob struct {
 	// Data is the job's data, a JSON object; nil keeps the data of an
 	// existing job (an empty object for a new one).
 	Data json.RawMessage
-	// Priority orders the pending queue: lower runs first. A priority is
-	// also a due time: a job whose priority is a Unix time in milliseconds
-	// is not accepted before that time. Zero, the default, is due at once.
+	// Priority orders the pending queue: lower runs first, 0 (the
+	// default) first of all. The fair-share scheduler sets it.
 	Priority int64
-	// At, if set, schedules the job: its priority is At in Unix
-	// milliseconds. Set Priority or At, not both.
+	// At, if set and in the future, schedules the job: it is not accepted
+	// before At, and then runs in priority order.
 	At time.Time
 	// Placement says which nodes may run the job; default AnyNode.
 	Placement Placement
@@ -71,12 +70,6 @@ func (n *NewJob) check() error {
 	}
 	if err := validName("job id", n.ID, MaxIDSize); err != nil {
 		return fmt.Errorf("%s: %w", n.Type, err)
-	}
-	if !n.At.IsZero() {
-		if n.Priority != 0 {
-			return fmt.Errorf("%w: job %s/%s sets both Priority and At", ErrInvalid, n.Type, n.ID)
-		}
-		n.Priority = n.At.UnixMilli()
 	}
 	if n.Priority < 0 || n.Priority > MaxPriority {
 		return fmt.Errorf("%w: job %s/%s: priority %d outside 0..%d", ErrInvalid, n.Type, n.ID, n.Priority, int64(MaxPriority))
@@ -205,36 +198,33 @@ func (j *Jobs) upsert(tx kv.Tx, b *batch, n NewJob, create bool) error {
 		if data == nil {
 			data = []byte("{}")
 		}
-		r = &record{state: Pending, priority: n.Priority, placement: string(n.Placement), group: n.Group, created: now, data: data}
-		tx.Set(j.pendingKey(n.Type, r.placement, r.priority, n.ID), nil)
-		b.pending[n.Type] = true
+		r = &record{state: Pending, priority: n.Priority, placement: string(n.Placement), group: n.Group, created: now, data: data, due: dueMs(n.At)}
+		j.enqueue(tx, b, n.Type, n.ID, r)
 		if j.log.IsDebug() {
 			j.log.Debug("job added", "type", n.Type, "id", n.ID, "priority", r.priority, "placement", r.placement)
 		}
 	case n.Exclusive:
 		return fmt.Errorf("%w: %s/%s", ErrJobExists, n.Type, n.ID)
 	case r.state == Pending:
-		tx.Clear(j.pendingKey(n.Type, r.placement, r.priority, n.ID))
-		r.priority, r.placement, r.group = n.Priority, string(n.Placement), n.Group
+		j.unlink(tx, n.Type, n.ID, r)
+		r.priority, r.placement, r.group, r.due = n.Priority, string(n.Placement), n.Group, dueMs(n.At)
 		if n.Data != nil {
 			r.data = n.Data
 		}
-		tx.Set(j.pendingKey(n.Type, r.placement, r.priority, n.ID), nil)
-		b.pending[n.Type] = true
+		j.enqueue(tx, b, n.Type, n.ID, r)
 	case r.state == Running:
 		// The worker finishes the current run; the job then goes back to
 		// the queue with the new schedule. It keeps its data, which the
 		// worker owns while it runs.
 		r.resubmit = true
-		r.priority, r.placement, r.group = n.Priority, string(n.Placement), n.Group
+		r.priority, r.placement, r.group, r.due = n.Priority, string(n.Placement), n.Group, dueMs(n.At)
 	case r.state == Finished:
 		r.state, r.canceled, r.resubmit = Pending, false, false
-		r.priority, r.placement, r.group = n.Priority, string(n.Placement), n.Group
+		r.priority, r.placement, r.group, r.due = n.Priority, string(n.Placement), n.Group, dueMs(n.At)
 		if n.Data != nil {
 			r.data = n.Data
 		}
-		tx.Set(j.pendingKey(n.Type, r.placement, r.priority, n.ID), nil)
-		b.pending[n.Type] = true
+		j.enqueue(tx, b, n.Type, n.ID, r)
 	}
 	j.save(tx, n.Type, n.ID, r, false)
 	if created {
@@ -248,9 +238,10 @@ func (j *Jobs) upsert(tx kv.Tx, b *batch, n NewJob, create bool) error {
 
 // ResubmitOptions say how a user resubmits a job.
 type ResubmitOptions struct {
-	// Priority and At schedule the job as in NewJob.
+	// Priority, if not zero, is the job's new priority; zero keeps it.
 	Priority int64
-	At       time.Time
+	// At, if set and in the future, is when the job may run again.
+	At time.Time
 	// Data replaces the job's data if not nil (not for a running job).
 	Data json.RawMessage
 }
@@ -273,7 +264,11 @@ func (j *Jobs) ResubmitTx(tx kv.Tx, typ, id string, o ResubmitOptions) error {
 	if r == nil {
 		return fmt.Errorf("%w: %s/%s", ErrNotFound, typ, id)
 	}
-	n := NewJob{Type: typ, ID: id, Priority: o.Priority, At: o.At, Data: o.Data, Placement: Placement(r.placement), Group: r.group}
+	prio := r.priority
+	if o.Priority != 0 {
+		prio = o.Priority
+	}
+	n := NewJob{Type: typ, ID: id, Priority: prio, At: o.At, Data: o.Data, Placement: Placement(r.placement), Group: r.group}
 	if err := n.check(); err != nil {
 		return err
 	}
@@ -341,12 +336,37 @@ func (j *Jobs) CancelTx(tx kv.Tx, typ, id string) error {
 	return nil
 }
 
-// unlink removes a job's pending or activity entry, whichever it has.
+// unlink removes a job's queue or activity entry, whichever it has. A
+// pending job with a due time is in the delayed queue, or in the pending
+// queue if an acceptor promoted it: both entries are cleared.
 func (j *Jobs) unlink(tx kv.Tx, typ, id string, r *record) {
 	switch r.state {
 	case Pending:
 		tx.Clear(j.pendingKey(typ, r.placement, r.priority, id))
+		if r.due != 0 {
+			tx.Clear(j.delayedKey(typ, r.due, id))
+		}
 	case Running:
 		tx.Clear(j.activityKey(typ, r.activityVS(), id))
 	}
+}
+
+// enqueue puts a pending job in the pending queue, or, if it is not due
+// yet, in the delayed queue, and wakes blocked acceptors either way (they
+// may need to wake earlier for the new due time).
+func (j *Jobs) enqueue(tx kv.Tx, b *batch, typ, id string, r *record) {
+	if r.due > j.nowMs() {
+		tx.Set(j.delayedKey(typ, r.due, id), nil)
+	} else {
+		tx.Set(j.pendingKey(typ, r.placement, r.priority, id), nil)
+	}
+	b.pending[typ] = true
+}
+
+// dueMs is the due time of a job scheduled at t: 0 for the zero time.
+func dueMs(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return max(t.UnixMilli(), 1)
 }

@@ -107,8 +107,7 @@ func (job *Job) finish(tx kv.Tx, b *batch, data json.RawMessage) error {
 	r.lock = nil
 	if r.resubmit {
 		r.state, r.resubmit = Pending, false
-		tx.Set(job.j.pendingKey(job.Type, r.placement, r.priority, job.ID), nil)
-		b.pending[job.Type] = true
+		job.j.enqueue(tx, b, job.Type, job.ID, r)
 	} else {
 		r.state = Finished
 	}
@@ -117,8 +116,9 @@ func (job *Job) finish(tx kv.Tx, b *batch, data json.RawMessage) error {
 	return nil
 }
 
-// Resubmit ends the run and puts the job back in the queue with the given
-// schedule (the zero ResubmitOptions: due now) and data (nil keeps it).
+// Resubmit ends the run and puts the job back in the queue: due at o.At
+// (the zero time: at once), with o.Priority (zero keeps the priority) and
+// o.Data (nil keeps the data).
 func (job *Job) Resubmit(tx kv.Tx, o ResubmitOptions) error {
 	n := NewJob{Type: job.Type, ID: job.ID, Priority: o.Priority, At: o.At, Data: o.Data}
 	if err := n.check(); err != nil {
@@ -128,11 +128,15 @@ func (job *Job) Resubmit(tx kv.Tx, o ResubmitOptions) error {
 	if err != nil {
 		return err
 	}
-	r.state, r.lock, r.resubmit, r.priority = Pending, nil, false, n.Priority
-	tx.Set(job.j.pendingKey(job.Type, r.placement, r.priority, job.ID), nil)
+	r.state, r.lock, r.resubmit, r.due = Pending, nil, false, dueMs(o.At)
+	if o.Priority != 0 {
+		r.priority = o.Priority
+	}
+	b := newBatch()
+	job.j.enqueue(tx, b, job.Type, job.ID, r)
 	job.j.save(tx, job.Type, job.ID, r, false)
-	job.j.bumpPending(tx, job.Type)
-	job.j.touchType(tx, job.Type)
+	b.touched[job.Type] = true
+	job.j.flush(tx, b)
 	return nil
 }
 

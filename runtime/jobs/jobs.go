@@ -81,6 +81,7 @@ const (
 	keyActivityTimeout = 5 // (5, type) = activity timeout in milliseconds; the type registry
 	keyActivity        = 6 // (6, type, versionstamp, id) = "", one per running job
 	keyWatchStop       = 7 // (7, type) = versionstamp of the last cancel or removal of a running job
+	keyDelayed         = 8 // (8, type, due_ms, id) = "", pending jobs not due yet
 )
 
 // Options configure a Jobs layer.
@@ -119,8 +120,10 @@ type Jobs struct {
 	// typesChanged wakes RunMonitors when this process registers a type,
 	// so that its monitor starts at once rather than at the next listing.
 	typesChanged chan struct{}
-	closed       bool
-	wg           sync.WaitGroup // the notifiers' goroutines
+	// promoted is when this process last looked for due jobs, by type.
+	promoted map[string]time.Time
+	closed   bool
+	wg       sync.WaitGroup // the notifiers' goroutines
 }
 
 // New returns the job layer on store. Call Close to stop its
@@ -152,6 +155,7 @@ func New(store kv.Store, opts Options) *Jobs {
 		notifiers:    make(map[string]*notifier),
 		types:        make(map[string]time.Time),
 		typesChanged: make(chan struct{}, 1),
+		promoted:     make(map[string]time.Time),
 	}
 }
 
@@ -174,9 +178,8 @@ func (j *Jobs) Close() {
 
 func (j *Jobs) now() time.Time { return j.opts.Now() }
 
-// nowPriority is the priority of a job due now: the current Unix time in
-// milliseconds.
-func (j *Jobs) nowPriority() int64 { return j.now().UnixMilli() }
+// nowMs is the current Unix time in milliseconds, the unit of due times.
+func (j *Jobs) nowMs() int64 { return j.now().UnixMilli() }
 
 // Keys.
 
@@ -184,6 +187,10 @@ func (j *Jobs) dataKey(typ, id string) []byte { return j.sub.Pack(tuple.Tuple{ke
 
 func (j *Jobs) pendingKey(typ, placement string, priority int64, id string) []byte {
 	return j.sub.Pack(tuple.Tuple{keyPending, typ, placement, priority, id})
+}
+
+func (j *Jobs) delayedKey(typ string, due int64, id string) []byte {
+	return j.sub.Pack(tuple.Tuple{keyDelayed, typ, due, id})
 }
 
 func (j *Jobs) watchPendingKey(typ string) []byte {

@@ -123,7 +123,6 @@ func TestValidation(t *testing.T) {
 		{"broken data", NewJob{Type: typ, ID: "x", Data: json.RawMessage(`{"a":`)}, ErrInvalid, "not a JSON object"},
 		{"data too large", NewJob{Type: typ, ID: "x", Data: json.RawMessage(big)}, ErrInvalid, "exceeds the limit"},
 		{"negative priority", NewJob{Type: typ, ID: "x", Priority: -1}, ErrInvalid, "priority -1"},
-		{"priority and at", NewJob{Type: typ, ID: "x", Priority: 5, At: time.Now()}, ErrInvalid, "both Priority and At"},
 		{"bad placement", NewJob{Type: typ, ID: "x", Placement: "rack:1"}, ErrInvalid, `placement "rack:1"`},
 		{"empty node", NewJob{Type: typ, ID: "x", Placement: "node:"}, ErrInvalid, "placement"},
 	}
@@ -252,30 +251,66 @@ func TestAcceptSpreadStaysInHead(t *testing.T) {
 	}
 }
 
-func TestMaxScheduledTime(t *testing.T) {
+// TestScheduledJobs checks that a job scheduled for later waits in the
+// delayed queue until it is due, whatever its priority, and then runs in
+// priority order.
+func TestScheduledJobs(t *testing.T) {
 	t.Parallel()
 	var mu sync.Mutex
 	now := time.UnixMilli(1_800_000_000_000)
 	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	j := newJobs(t, Options{Now: clock})
-	mustAdd(t, j, NewJob{ID: "later", At: now.Add(time.Hour)})
+	j := newJobs(t, Options{Now: clock, AcceptSpread: -1})
+	mustAdd(t, j, NewJob{ID: "later", At: now.Add(time.Hour), Priority: 0})
+	mustAdd(t, j, NewJob{ID: "now-low", Priority: 50})
+	if in := state(t, j, "later"); in.State != Pending || !in.Due.Equal(now.Add(time.Hour)) {
+		t.Fatalf("scheduled job: %+v", in)
+	}
+	if n, _ := j.PendingCount(ctx, typ, 0, 0); n != 1 {
+		t.Fatalf("pending count of due jobs = %d, want 1", n)
+	}
+	// Even with the better priority, the scheduled job waits.
+	if job := mustAccept(t, j, AcceptOptions{}); job.ID != "now-low" {
+		t.Fatalf("accepted %s", job.ID)
+	}
 	if _, err := j.Accept(ctx, typ, AcceptOptions{}); !errors.Is(err, ErrNoJobs) {
 		t.Fatalf("a job scheduled in an hour was accepted now: %v", err)
-	}
-	if n, _ := j.PendingCount(ctx, typ, 0, 0); n != 0 {
-		t.Fatalf("pending count due now = %d", n)
-	}
-	if n, _ := j.PendingCount(ctx, typ, math.MaxInt64, 0); n != 1 {
-		t.Fatalf("pending count of all = %d", n)
-	}
-	if _, err := j.Accept(ctx, typ, AcceptOptions{MaxPriority: now.Add(30 * time.Minute).UnixMilli()}); !errors.Is(err, ErrNoJobs) {
-		t.Fatalf("accepted with a max before the schedule: %v", err)
 	}
 	mu.Lock()
 	now = now.Add(time.Hour)
 	mu.Unlock()
+	if n, _ := j.PendingCount(ctx, typ, 0, 0); n != 1 {
+		t.Fatalf("pending count once due = %d, want 1", n)
+	}
 	if job := mustAccept(t, j, AcceptOptions{}); job.ID != "later" {
 		t.Fatalf("accepted %s", job.ID)
+	}
+	// Canceling a scheduled job removes its delayed entry too.
+	mustAdd(t, j, NewJob{ID: "gone", At: now.Add(time.Minute)})
+	if err := j.Cancel(ctx, typ, "gone"); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	now = now.Add(time.Hour)
+	mu.Unlock()
+	if _, err := j.Accept(ctx, typ, AcceptOptions{}); !errors.Is(err, ErrNoJobs) {
+		t.Fatalf("a canceled scheduled job was accepted: %v", err)
+	}
+}
+
+func TestMaxPriority(t *testing.T) {
+	t.Parallel()
+	j := newJobs(t, Options{AcceptSpread: -1})
+	mustAdd(t, j, NewJob{ID: "ten", Priority: 10})
+	mustAdd(t, j, NewJob{ID: "twenty", Priority: 20})
+	if n, _ := j.PendingCount(ctx, typ, 15, 0); n != 1 {
+		t.Fatalf("pending count up to 15 = %d", n)
+	}
+	jobs, err := j.Accept(ctx, typ, AcceptOptions{MaxPriority: 15, Limit: 5})
+	if err != nil || len(jobs) != 1 || jobs[0].ID != "ten" {
+		t.Fatalf("accept up to 15: %v %v", jobs, err)
+	}
+	if _, err := j.Accept(ctx, typ, AcceptOptions{MaxPriority: 15}); !errors.Is(err, ErrNoJobs) {
+		t.Fatalf("accepted a priority over the bound: %v", err)
 	}
 }
 
@@ -506,7 +541,7 @@ func TestResubmitVariants(t *testing.T) {
 		t.Fatal(err)
 	}
 	in := state(t, j, "a")
-	if in.State != Pending || in.Priority != at.UnixMilli() || string(in.Data) != `{"n":2}` {
+	if in.State != Pending || in.Due.UnixMilli() != at.UnixMilli() || string(in.Data) != `{"n":2}` {
 		t.Fatalf("worker resubmit: %+v", in)
 	}
 	if _, err := j.Accept(ctx, typ, AcceptOptions{}); !errors.Is(err, ErrNoJobs) {

@@ -30,14 +30,20 @@ type Info struct {
 	// Version is the versionstamp of the job's last change; it orders the
 	// changes of one job.
 	Version tuple.Versionstamp
+	// Due is the time before which the job may not run; zero if none.
+	Due time.Time
 }
 
 func (r *record) info(typ, id string) Info {
-	return Info{
+	in := Info{
 		Type: typ, ID: id, State: r.state, Data: r.data, Priority: r.priority,
 		Placement: Placement(r.placement), Group: r.group, Resubmit: r.resubmit, Canceled: r.canceled,
 		Created: time.UnixMilli(r.created), Updated: time.UnixMilli(r.updated), Version: r.vs,
 	}
+	if r.due != 0 {
+		in.Due = time.UnixMilli(r.due)
+	}
+	return in
 }
 
 // Get returns a job's state and data, or ErrNotFound.
@@ -161,10 +167,10 @@ func (j *Jobs) Fold(ctx context.Context, typ string, o ListOptions, fn func(Info
 	}
 }
 
-// PendingCount counts a type's pending jobs whose priority is at most
-// maxPriority (0: due now; math.MaxInt64: all), up to limit (0: 1,024),
-// across every placement. It reads a snapshot: concurrent changes do not
-// make the caller's transaction retry.
+// PendingCount counts a type's pending jobs that are due, with a priority
+// of at most maxPriority (0: any), up to limit (0: 1,024), across every
+// placement. It reads a snapshot: concurrent changes do not make the
+// caller's transaction retry.
 func (j *Jobs) PendingCount(ctx context.Context, typ string, maxPriority int64, limit int) (int, error) {
 	v, err := j.store.ReadTransact(ctx, func(tx kv.ReadTx) (any, error) {
 		return j.PendingCountTx(tx, typ, maxPriority, limit)
@@ -177,16 +183,24 @@ func (j *Jobs) PendingCount(ctx context.Context, typ string, maxPriority int64, 
 
 // PendingCountTx is PendingCount inside the caller's transaction.
 func (j *Jobs) PendingCountTx(tx kv.ReadTx, typ string, maxPriority int64, limit int) (int, error) {
-	if maxPriority == 0 {
-		maxPriority = j.nowPriority()
+	if maxPriority <= 0 {
+		maxPriority = math.MaxInt64
 	}
 	if limit <= 0 {
 		limit = 1024
 	}
 	snap := tx.Snapshot()
+	// Delayed jobs already due count: an acceptor would promote them.
+	due, err := snap.GetRange(kv.Range{
+		Begin: j.sub.RangeOf(tuple.Tuple{keyDelayed, typ}).Begin,
+		End:   j.sub.RangeOf(tuple.Tuple{keyDelayed, typ, j.nowMs()}).End,
+	}, kv.RangeOptions{Limit: limit})
+	if err != nil {
+		return 0, err
+	}
+	count := len(due)
 	all := j.sub.RangeOf(tuple.Tuple{keyPending, typ})
 	begin := all.Begin
-	count := 0
 	// Visit each placement's queue: find its first entry, count its
 	// eligible head, and skip to the next placement.
 	for count < limit {

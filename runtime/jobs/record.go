@@ -10,13 +10,13 @@ import (
 )
 
 // recordFormat is the version of the job record encoding.
-const recordFormat = 1
+const recordFormat = 2
 
 // record is a job's entry in the job table, (data, type, id). It is stored
 // as a packed tuple:
 //
 //	(format, state, vs, activity, lock, priority, resubmit, canceled,
-//	 placement, group, created, updated, data)
+//	 placement, group, created, updated, data, due)
 //
 // vs is the versionstamp of the record's last change, written by the store
 // at commit, so subscribers see every change. activity is the versionstamp
@@ -35,6 +35,11 @@ type record struct {
 	created   int64 // Unix milliseconds
 	updated   int64
 	data      []byte // a JSON object
+	// due is the Unix time in milliseconds before which the job may not
+	// run; 0 for a job due at once. A pending job whose due time had not
+	// come when it was enqueued waits in the delayed queue until an
+	// acceptor promotes it.
+	due int64
 }
 
 // activityVS returns the versionstamp of the job's activity entry.
@@ -58,7 +63,7 @@ func (r *record) encode(stampActivity bool) []byte {
 	}
 	t := tuple.Tuple{
 		recordFormat, string(r.state), tuple.IncompleteVersionstamp(0), activity, lock,
-		r.priority, r.resubmit, r.canceled, r.placement, r.group, r.created, r.updated, r.data,
+		r.priority, r.resubmit, r.canceled, r.placement, r.group, r.created, r.updated, r.data, r.due,
 	}
 	v, err := t.PackWithVersionstamp(nil)
 	if err != nil {
@@ -76,14 +81,14 @@ func decodeRecord(b []byte) (*record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("corrupt job record: %w", err)
 	}
-	if len(t) != 13 {
-		return nil, fmt.Errorf("corrupt job record: %d fields, want 13", len(t))
+	if len(t) != 14 {
+		return nil, fmt.Errorf("corrupt job record: %d fields, want 14", len(t))
 	}
 	if f, ok := t[0].(int64); !ok || f != recordFormat {
 		return nil, fmt.Errorf("job record format %v is not %d, the one this build reads", t[0], recordFormat)
 	}
 	r := &record{}
-	var ok [12]bool
+	var ok [13]bool
 	var state string
 	state, ok[0] = t[1].(string)
 	r.state = State(state)
@@ -108,6 +113,7 @@ func decodeRecord(b []byte) (*record, error) {
 	r.created, ok[9] = t[10].(int64)
 	r.updated, ok[10] = t[11].(int64)
 	r.data, ok[11] = t[12].([]byte)
+	r.due, ok[12] = t[13].(int64)
 	for i, good := range ok {
 		if !good {
 			return nil, fmt.Errorf("corrupt job record: field %d has type %T", i+1, t[i+1])
