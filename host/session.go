@@ -1,6 +1,7 @@
 package host
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -466,6 +467,24 @@ func mergeMeta(data json.RawMessage, set map[string]any) (json.RawMessage, error
 }
 
 func editMeta(data json.RawMessage, edit func(map[string]any) map[string]any) (json.RawMessage, error) {
+	if !bytes.Contains(data, []byte(`"_couchjobs"`)) {
+		// The common case, a run's first end or progress: append the field
+		// to the object instead of decoding and encoding the whole data.
+		if obj := bytes.TrimSpace(data); len(obj) >= 2 && obj[0] == '{' && obj[len(obj)-1] == '}' {
+			m, err := json.Marshal(edit(map[string]any{}))
+			if err != nil {
+				return nil, err
+			}
+			out := make([]byte, 0, len(obj)+len(m)+16)
+			out = append(out, obj[:len(obj)-1]...)
+			if len(bytes.TrimSpace(obj[1:len(obj)-1])) > 0 {
+				out = append(out, ',')
+			}
+			out = append(out, `"_couchjobs":`...)
+			out = append(out, m...)
+			return append(out, '}'), nil
+		}
+	}
 	var obj map[string]json.RawMessage
 	if err := json.Unmarshal(data, &obj); err != nil || obj == nil {
 		obj = map[string]json.RawMessage{}

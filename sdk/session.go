@@ -87,6 +87,7 @@ func (s *server) Session(stream pluginv1.Plugin_SessionServer) error {
 	defer cancel()
 	var wg sync.WaitGroup
 	wg.Go(func() { sess.send(ctx, stream) })
+	wg.Go(func() { sess.heartbeats(ctx) })
 	err := sess.receive(ctx, stream)
 	cancel()
 	sess.stopAll(StopLost)
@@ -208,19 +209,24 @@ type run struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
+	// heartbeat is how often the run must send an update; 0: never.
+	heartbeat time.Duration
+
 	mu      sync.Mutex
 	seq     uint64
 	waiting map[uint64]chan *pluginv1.Ack
 	last    time.Time // when the last update was sent
+	beating bool      // a heartbeat is on its way
 }
 
 func (s *session) start(parent context.Context, st *pluginv1.StartJob) {
 	ctx, cancel := context.WithCancelCause(parent)
 	r := &run{
 		sess: s, handle: st.Handle, ctx: ctx, cancel: cancel,
-		log:     s.srv.log.With("type", st.Type, "id", st.Id),
-		waiting: map[uint64]chan *pluginv1.Ack{},
-		last:    time.Now(),
+		heartbeat: time.Duration(st.HeartbeatMs) * time.Millisecond,
+		log:       s.srv.log.With("type", st.Type, "id", st.Id),
+		waiting:   map[uint64]chan *pluginv1.Ack{},
+		last:      time.Now(),
 	}
 	r.job = &Job{Type: st.Type, ID: st.Id, Data: st.Data, Priority: st.Priority, Group: st.Group, run: r}
 	s.mu.Lock()
@@ -237,12 +243,6 @@ func (s *session) start(parent context.Context, st *pluginv1.StartJob) {
 		if t == nil || t.Worker == nil {
 			r.end(crashed(fmt.Errorf("this plugin has no worker for job type %q", st.Type)))
 			return
-		}
-		hb := time.Duration(st.HeartbeatMs) * time.Millisecond
-		if hb > 0 {
-			stop := make(chan struct{})
-			defer close(stop)
-			go r.heartbeat(hb, stop)
 		}
 		r.end(r.work(t.Worker))
 	})
@@ -363,26 +363,48 @@ func (r *run) ack(a *pluginv1.Ack) {
 
 func (r *run) stop(reason StopReason) { r.cancel(&stopError{reason: reason}) }
 
-// heartbeat sends an empty update whenever the run has sent none for a
-// heartbeat interval, so that a live job is never taken for a dead one.
-func (r *run) heartbeat(every time.Duration, stop <-chan struct{}) {
-	t := time.NewTicker(every / 2)
-	defer t.Stop()
+// heartbeats sends an empty update for every run that has sent none for
+// its heartbeat interval, so that a live job is never taken for a dead
+// one. One loop serves the whole session: a goroutine and a ticker per
+// run cost more than most short jobs themselves.
+func (s *session) heartbeats(ctx context.Context) {
+	const maxTick = 250 * time.Millisecond
 	for {
-		select {
-		case <-stop:
-			return
-		case <-r.ctx.Done():
-			return
-		case <-t.C:
-			r.mu.Lock()
-			due := time.Since(r.last) >= every
-			r.mu.Unlock()
-			if due {
-				if err := r.update(r.ctx, &pluginv1.Update{}); err != nil && r.ctx.Err() == nil {
-					r.log.Warn("heartbeat failed", "error", err)
-				}
+		tick := maxTick
+		now := time.Now()
+		var due []*run
+		s.mu.Lock()
+		for _, r := range s.runs {
+			if r.heartbeat <= 0 {
+				continue
 			}
+			tick = min(tick, max(r.heartbeat/2, time.Millisecond))
+			r.mu.Lock()
+			if !r.beating && now.Sub(r.last) >= r.heartbeat {
+				r.beating = true
+				due = append(due, r)
+			}
+			r.mu.Unlock()
+		}
+		s.mu.Unlock()
+		for _, r := range due {
+			go r.beat()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(tick):
 		}
 	}
+}
+
+// beat sends one heartbeat and waits for its ack.
+func (r *run) beat() {
+	err := r.update(r.ctx, &pluginv1.Update{})
+	if err != nil && r.ctx.Err() == nil {
+		r.log.Warn("heartbeat failed", "error", err)
+	}
+	r.mu.Lock()
+	r.beating = false
+	r.mu.Unlock()
 }

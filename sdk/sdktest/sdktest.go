@@ -11,6 +11,7 @@
 package sdktest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -26,6 +27,7 @@ import (
 	"github.com/couchjobs/couchjobs/host/config"
 	"github.com/couchjobs/couchjobs/runtime/jobs"
 	"github.com/couchjobs/couchjobs/runtime/kv"
+	"github.com/couchjobs/couchjobs/runtime/tuple"
 	"github.com/couchjobs/couchjobs/sdk"
 )
 
@@ -101,15 +103,26 @@ type Result struct {
 // Decode unmarshals the run's data into v.
 func (r Result) Decode(v any) error { return json.Unmarshal(r.Data, v) }
 
-// Run adds a job and waits, up to a minute, for its first run to end.
+// Run adds a job and waits, up to a minute, for the end of its first run
+// after this add.
 func (h *Harness) Run(typ, id string, data any) Result {
 	h.t.Helper()
-	h.Add(typ, id, data)
-	return h.Wait(typ, id)
+	added := h.add(typ, id, data)
+	return h.wait(typ, id, func(ev jobs.Event, ran bool) bool {
+		// Any change after the add that leaves the job pending or
+		// finished is the end of a run: the add itself left it pending.
+		return ev.State == jobs.Finished || (ev.State == jobs.Pending && versionAfter(ev.Info.Version, added))
+	})
 }
 
 // Add adds a job (or re-adds it) without waiting.
 func (h *Harness) Add(typ, id string, data any) {
+	h.t.Helper()
+	h.add(typ, id, data)
+}
+
+// add adds a job and returns the versionstamp its record got.
+func (h *Harness) add(typ, id string, data any) tuple.Versionstamp {
 	h.t.Helper()
 	n := jobs.NewJob{Type: typ, ID: id}
 	if data != nil {
@@ -119,13 +132,34 @@ func (h *Harness) Add(typ, id string, data any) {
 		}
 		n.Data = b
 	}
-	if err := h.node.Jobs().Add(context.Background(), n); err != nil {
+	var vs kv.VersionstampFuture
+	if _, err := h.node.Store().Transact(context.Background(), func(tx kv.Tx) (any, error) {
+		vs = tx.Versionstamp()
+		return nil, h.node.Jobs().AddTx(tx, n)
+	}); err != nil {
 		h.t.Fatalf("add %s/%s: %v", typ, id, err)
 	}
+	v, err := vs.Get()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return tuple.Versionstamp{TransactionVersion: v}
 }
 
-// Wait waits, up to a minute, for the job's current or next run to end.
+func versionAfter(a, b tuple.Versionstamp) bool {
+	return bytes.Compare(a.Bytes(), b.Bytes()) > 0
+}
+
+// Wait waits, up to a minute, for the job's current run, or its next one,
+// to end. (A run that ended before Wait was called is not seen: use Run.)
 func (h *Harness) Wait(typ, id string) Result {
+	h.t.Helper()
+	return h.wait(typ, id, func(ev jobs.Event, ran bool) bool {
+		return ev.State == jobs.Finished || (ran && ev.State == jobs.Pending)
+	})
+}
+
+func (h *Harness) wait(typ, id string, ended func(ev jobs.Event, ran bool) bool) Result {
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -136,12 +170,13 @@ func (h *Harness) Wait(typ, id string) Result {
 	defer sub.Close()
 	ran := false
 	for ev := sub.Latest(); ; {
-		switch {
-		case ev.State == jobs.NotFound:
+		if ev.State == jobs.NotFound {
 			h.t.Fatalf("job %s/%s was removed", typ, id)
-		case ev.State == jobs.Running:
+		}
+		if ev.State == jobs.Running {
 			ran = true
-		case ev.State == jobs.Finished || (ran && ev.State == jobs.Pending):
+		}
+		if ended(ev, ran) {
 			return result(ev.Info)
 		}
 		if ev, err = sub.Next(ctx); err != nil {
