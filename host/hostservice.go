@@ -107,12 +107,15 @@ func (h *hostService) Subscribe(req *pluginv1.JobRef, stream pluginv1.Host_Subsc
 		return grpcError(err)
 	}
 	defer sub.Close()
+	// Decide from the event just sent, not from Ended: the subscription
+	// may end between a send and the check, and its final event must
+	// still go out.
 	ev := sub.Latest()
 	for {
 		if err := stream.Send(jobInfo(req.Type, req.Id, ev)); err != nil {
 			return err
 		}
-		if sub.Ended() {
+		if ev.State == jobs.Finished || ev.State == jobs.NotFound {
 			return nil
 		}
 		if ev, err = sub.Next(ctx); err != nil {
