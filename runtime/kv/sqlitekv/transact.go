@@ -35,6 +35,9 @@ func (s *Store) attempt(ctx context.Context, fn func(kv.Tx) (any, error)) (resul
 		return nil, fmt.Errorf("begin transaction: %w", err)
 	}
 	t := &tx{s: s, ctx: ctx, c: c, deadline: time.Now().Add(s.opts.TransactionTimeout)}
+	if s.watches.active() {
+		t.touched = &touches{}
+	}
 	committed := false
 	defer func() {
 		// Also runs when fn panics, so the lock is never left held.
@@ -125,7 +128,7 @@ func (s *Store) afterCommit(t *tx) {
 	}
 	if t.mutated {
 		s.lastVersion = t.version
-		s.watches.committed(t.version)
+		s.watches.committed(t.version, t.touched)
 	}
 	if len(t.watches) > 0 {
 		s.watches.register(t.watches)

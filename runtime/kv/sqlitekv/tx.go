@@ -29,6 +29,16 @@ type tx struct {
 	stamped  map[string]struct{} // keys whose key or value holds this commit's versionstamp
 	watches  []*watch
 	vs       *versionstampFuture
+	// touched records what the transaction wrote, while watches are
+	// pending in this process; nil otherwise.
+	touched *touches
+}
+
+// touch records a written key for the watch checker.
+func (t *tx) touch(key []byte) {
+	if t.touched != nil {
+		t.touched.keys = append(t.touched.keys, key)
+	}
 }
 
 // bg is the context statements run with. A cancelable context makes both
@@ -217,6 +227,7 @@ func (t *tx) Set(key, value []byte) {
 	}
 	t.count(len(key) + len(value) + conflictSize(key))
 	t.mutate("set", key, t.c.set, key, nonNil(value))
+	t.touch(key)
 }
 
 func (t *tx) Clear(key []byte) {
@@ -226,6 +237,7 @@ func (t *tx) Clear(key []byte) {
 	}
 	t.count(2 * conflictSize(key))
 	t.mutate("clear", key, t.c.clear, key)
+	t.touch(key)
 }
 
 func (t *tx) ClearRange(r kv.Range) {
@@ -239,6 +251,9 @@ func (t *tx) ClearRange(r kv.Range) {
 	}
 	t.count(2 * (len(r.Begin) + len(r.End)))
 	t.mutate("clear range", r.Begin, t.c.clearRng, r.Begin, r.End)
+	if t.touched != nil {
+		t.touched.ranges = append(t.touched.ranges, r)
+	}
 }
 
 func (t *tx) Add(key []byte, delta int64) {
@@ -252,6 +267,7 @@ func (t *tx) Add(key []byte, delta int64) {
 	}
 	t.count(len(key) + 8 + conflictSize(key))
 	t.mutate("add", key, t.c.set, key, kv.EncodeInt64(kv.DecodeInt64(old)+delta))
+	t.touch(key)
 }
 
 func (t *tx) SetVersionstampedKey(key, value []byte) {
@@ -266,6 +282,7 @@ func (t *tx) SetVersionstampedKey(key, value []byte) {
 	t.count(len(key) + len(value) + conflictSize(k))
 	t.mutate("set versionstamped key", k, t.c.set, k, nonNil(value))
 	t.markStamped(k)
+	t.touch(k)
 }
 
 func (t *tx) SetVersionstampedValue(key, value []byte) {
@@ -280,6 +297,7 @@ func (t *tx) SetVersionstampedValue(key, value []byte) {
 	t.count(len(key) + len(value) + conflictSize(key))
 	t.mutate("set versionstamped value", key, t.c.set, key, v)
 	t.markStamped(key)
+	t.touch(key)
 }
 
 // markStamped makes a key unreadable for the rest of the transaction, as

@@ -119,18 +119,75 @@ func newWatcher(s *Store) (*watcher, error) {
 }
 
 // committed is called after every write commit of this process.
-func (w *watcher) committed(version int64) {
+// committed is called after every write commit of this process, with the
+// keys and ranges the transaction wrote (recorded only while watches are
+// pending). A commit that took the version right after the last one the
+// checker processed, and touched no watched key, changed no watched value:
+// the checker's mark moves on without reading anything. Otherwise (another
+// process committed in between, or a watched key was written) the checker
+// runs.
+func (w *watcher) committed(version int64, touched *touches) {
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], uint64(version))
 	if _, err := w.notify.WriteAt(b[:], 0); err != nil {
 		w.s.log.Warn("cannot write the notify file; other processes' watches will be late", "error", err)
 	}
 	w.mu.Lock()
-	watched := len(w.byKey) > 0
-	w.mu.Unlock()
-	if watched {
-		w.poke()
+	if len(w.byKey) == 0 {
+		w.mu.Unlock()
+		return
 	}
+	if !w.force && version == w.lastVersion+1 && touched != nil && !touched.any(w.byKey) {
+		w.lastVersion = version
+		w.mu.Unlock()
+		return
+	}
+	w.mu.Unlock()
+	w.poke()
+}
+
+// active reports whether watches are pending, so that transactions know to
+// record the keys they write.
+func (w *watcher) active() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.byKey) > 0
+}
+
+// touches are the keys and ranges a transaction wrote.
+type touches struct {
+	keys   [][]byte
+	ranges []kv.Range
+}
+
+func (t *touches) any(watched map[string]map[*watch]struct{}) bool {
+	for _, k := range t.keys {
+		if _, ok := watched[string(k)]; ok {
+			return true
+		}
+	}
+	for _, r := range t.ranges {
+		for k := range watched {
+			if r.Contains([]byte(k)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// seen reports whether the checker already processed the commit whose
+// version the notify file holds, so that a notification of this
+// process's own commit, or of one already checked, costs no read.
+func (w *watcher) seen() bool {
+	var b [8]byte
+	if n, err := w.notify.ReadAt(b[:], 0); n != len(b) || err != nil {
+		return false
+	}
+	v := int64(binary.BigEndian.Uint64(b[:]))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return !w.force && v <= w.lastVersion
 }
 
 func (w *watcher) poke() {
@@ -225,6 +282,8 @@ func (w *watcher) run() {
 			if !ok {
 				events, errs = nil, nil
 				tick.Reset(fallbackPoll)
+			} else if w.seen() {
+				continue
 			}
 		case err, ok := <-errs:
 			if ok {
