@@ -250,6 +250,12 @@ func (n *Node) listJobs(w http.ResponseWriter, r *http.Request) {
 		}
 		o.Limit = v
 	}
+	// An unknown type gets an error, not an empty list that looks like an
+	// idle type.
+	if _, err := n.jobs.TypeTimeout(r.Context(), r.PathValue("type")); err != nil {
+		writeJobError(w, err)
+		return
+	}
 	infos, next, err := n.jobs.List(r.Context(), r.PathValue("type"), o)
 	if err != nil {
 		writeJobError(w, err)

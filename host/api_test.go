@@ -93,6 +93,7 @@ func TestAPI(t *testing.T) {
 		{"GET", "/jobs/alpha/missing", "", 404, "not_found", "missing"},
 		{"GET", "/jobs/alpha?state=sleeping", "", 400, "bad_request", `state "sleeping"`},
 		{"GET", "/jobs/alpha?limit=0", "", 400, "bad_request", "limit"},
+		{"GET", "/jobs/nope", "", 404, "unknown_type", `"nope"`},
 		{"GET", "/jobs/alpha/a1/_wait?timeout=forever", "", 400, "bad_request", "timeout"},
 		{"GET", "/nothing/here", "", 404, "not_found", "no endpoint"},
 	}

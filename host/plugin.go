@@ -261,9 +261,7 @@ const stderrTailLines = 40
 func (t *stderrTail) Write(b []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, line := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
-		t.lines = append(t.lines, line)
-	}
+	t.lines = append(t.lines, strings.Split(strings.TrimRight(string(b), "\n"), "\n")...)
 	if over := len(t.lines) - stderrTailLines; over > 0 {
 		t.lines = append(t.lines[:0], t.lines[over:]...)
 	}

@@ -40,10 +40,8 @@ type session struct {
 type hostRun struct {
 	handle  uint64
 	job     *jobs.Job
-	typ     *pluginv1.JobType
 	data    json.RawMessage // the job's data as last stored
-	started time.Time
-	stopped bool // a stop was sent; guarded by session.mu
+	stopped bool            // a stop was sent; guarded by session.mu
 }
 
 func newSession(ctx context.Context, p *plugin, c *sdk.Client, desc *pluginv1.DescribeResponse) (*session, error) {
@@ -144,12 +142,14 @@ func (s *session) acceptor(ctx context.Context, t *pluginv1.JobType) {
 		msg := &pluginv1.HostMessage{}
 		heartbeat := t.ActivityTimeoutMs / 3
 		for _, job := range accepted {
-			r := s.add(job, t)
+			r := s.add(job)
 			msg.Starts = append(msg.Starts, &pluginv1.StartJob{
 				Handle: r.handle, Type: job.Type, Id: job.ID, Data: job.Data,
 				Priority: job.Priority, Group: job.Group, HeartbeatMs: heartbeat,
 			})
-			log.Debug("job started", "id", job.ID)
+			if log.IsDebug() {
+				log.Debug("job started", "id", job.ID)
+			}
 		}
 		s.enqueue(msg)
 	}
@@ -231,11 +231,11 @@ func (s *session) stopCanceled(ctx context.Context, typ string) {
 	}
 }
 
-func (s *session) add(job *jobs.Job, t *pluginv1.JobType) *hostRun {
+func (s *session) add(job *jobs.Job) *hostRun {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.next++
-	r := &hostRun{handle: s.next, job: job, typ: t, data: job.Data, started: time.Now()}
+	r := &hostRun{handle: s.next, job: job, data: job.Data}
 	s.runs[r.handle] = r
 	return r
 }

@@ -98,8 +98,8 @@ type Scheduler struct {
 
 // HTTP configures the node's HTTP API.
 type HTTP struct {
-	// Listen is the API's address; default "127.0.0.1:5985". Empty
-	// string "off" disables the API.
+	// Listen is the API's address; default "127.0.0.1:5985". "off"
+	// disables the API.
 	Listen string `toml:"listen"`
 	// Admins maps admin names to bcrypt hashes of their passwords
 	// (couchjobs passwd makes one). Mutating endpoints need an admin.
