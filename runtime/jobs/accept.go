@@ -181,7 +181,7 @@ func (j *Jobs) promote(tx kv.Tx, typ string) error {
 			return err
 		}
 		if rec != nil && rec.state == Pending && rec.due == due {
-			tx.Set(j.pendingKey(typ, rec.placement, rec.priority, id), nil)
+			j.setPending(tx, typ, id, rec)
 		}
 	}
 	return nil
@@ -267,11 +267,12 @@ func (j *Jobs) take(tx kv.Tx, typ string, c candidate) (*Job, error) {
 	if err != nil {
 		return nil, err
 	}
-	if r == nil || r.state != Pending || r.priority != c.priority || r.placement != c.placement {
+	if r == nil || r.state != Pending || r.priority != c.priority || !slices.Contains(Placement(r.placement).queues(), c.placement) {
 		// An entry without a matching job: nothing refers to it any more.
 		j.log.Warn("cleared an orphaned pending entry", "type", typ, "id", c.id, "priority", c.priority)
 		return nil, nil
 	}
+	j.clearPending(tx, typ, c.id, r) // a node-list job's other entries
 	var lock tuple.UUID
 	rand.Read(lock[:])
 	r.state, r.lock, r.resubmit = Running, &lock, false

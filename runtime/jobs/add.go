@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,18 +24,61 @@ func OnNode(name string) Placement { return Placement("node:" + name) }
 // InGroup places a job on the nodes of a node group.
 func InGroup(group string) Placement { return Placement("group:" + group) }
 
+// OnNodes places a job on any one of the named nodes: "nodes:A,B". Node
+// names cannot hold commas. One name is OnNode.
+func OnNodes(names ...string) Placement {
+	if len(names) == 1 {
+		return OnNode(names[0])
+	}
+	return Placement("nodes:" + strings.Join(names, ","))
+}
+
+// normalize checks a placement and gives it its canonical form: a node
+// list is sorted, without duplicates, and a list of one is OnNode.
 func (p Placement) normalize() (Placement, error) {
+	s := string(p)
 	switch {
 	case p == "" || p == AnyNode:
 		return AnyNode, nil
-	case strings.HasPrefix(string(p), "node:") && len(p) > len("node:"),
-		strings.HasPrefix(string(p), "group:") && len(p) > len("group:"):
-		if len(p) > MaxTypeSize {
-			return "", fmt.Errorf("%w: placement of %d bytes exceeds %d", ErrInvalid, len(p), MaxTypeSize)
+	case strings.HasPrefix(s, "nodes:"):
+		names := strings.Split(s[len("nodes:"):], ",")
+		slices.Sort(names)
+		names = slices.Compact(names)
+		if slices.Contains(names, "") {
+			return "", fmt.Errorf("%w: placement %q: a node list holds an empty name", ErrInvalid, p)
 		}
-		return p, nil
+		if len(names) > maxPlacementNodes {
+			return "", fmt.Errorf("%w: placement %q: more than %d nodes", ErrInvalid, p, maxPlacementNodes)
+		}
+		p = OnNodes(names...)
+	case strings.HasPrefix(s, "node:") && len(s) > len("node:"),
+		strings.HasPrefix(s, "group:") && len(s) > len("group:"):
+	default:
+		return "", fmt.Errorf("%w: placement %q: want %q, \"node:NAME\", \"nodes:A,B\" or \"group:NAME\"", ErrInvalid, p, AnyNode)
 	}
-	return "", fmt.Errorf("%w: placement %q: want %q, \"node:NAME\" or \"group:NAME\"", ErrInvalid, p, AnyNode)
+	if len(p) > MaxTypeSize {
+		return "", fmt.Errorf("%w: placement of %d bytes exceeds %d", ErrInvalid, len(p), MaxTypeSize)
+	}
+	return p, nil
+}
+
+// maxPlacementNodes bounds a node list: each node is one pending entry.
+const maxPlacementNodes = 64
+
+// queues returns the pending queues a job with this (normalized)
+// placement waits in: its own, or one per node of a node list, so that an
+// acceptor still reads only the queues of its own node and groups.
+func (p Placement) queues() []string {
+	s := string(p)
+	if !strings.HasPrefix(s, "nodes:") {
+		return []string{s}
+	}
+	names := strings.Split(s[len("nodes:"):], ",")
+	qs := make([]string, len(names))
+	for i, n := range names {
+		qs[i] = string(OnNode(n))
+	}
+	return qs
 }
 
 // NewJob describes a job to add.
@@ -244,6 +288,8 @@ type ResubmitOptions struct {
 	At time.Time
 	// Data replaces the job's data if not nil (not for a running job).
 	Data json.RawMessage
+	// Placement, if not empty, is where the job runs next; empty keeps it.
+	Placement Placement
 }
 
 // Resubmit asks for a job to run again: a pending job is rescheduled, a
@@ -268,7 +314,11 @@ func (j *Jobs) ResubmitTx(tx kv.Tx, typ, id string, o ResubmitOptions) error {
 	if o.Priority != 0 {
 		prio = o.Priority
 	}
-	n := NewJob{Type: typ, ID: id, Priority: prio, At: o.At, Data: o.Data, Placement: Placement(r.placement), Group: r.group}
+	place := Placement(r.placement)
+	if o.Placement != "" {
+		place = o.Placement
+	}
+	n := NewJob{Type: typ, ID: id, Priority: prio, At: o.At, Data: o.Data, Placement: place, Group: r.group}
 	if err := n.check(); err != nil {
 		return err
 	}
@@ -342,7 +392,7 @@ func (j *Jobs) CancelTx(tx kv.Tx, typ, id string) error {
 func (j *Jobs) unlink(tx kv.Tx, typ, id string, r *record) {
 	switch r.state {
 	case Pending:
-		tx.Clear(j.pendingKey(typ, r.placement, r.priority, id))
+		j.clearPending(tx, typ, id, r)
 		if r.due != 0 {
 			tx.Clear(j.delayedKey(typ, r.due, id))
 		}
@@ -358,7 +408,7 @@ func (j *Jobs) enqueue(tx kv.Tx, b *batch, typ, id string, r *record) {
 	if r.due > j.nowMs() {
 		tx.Set(j.delayedKey(typ, r.due, id), nil)
 	} else {
-		tx.Set(j.pendingKey(typ, r.placement, r.priority, id), nil)
+		j.setPending(tx, typ, id, r)
 	}
 	b.pending[typ] = true
 }
@@ -369,4 +419,26 @@ func dueMs(t time.Time) int64 {
 		return 0
 	}
 	return max(t.UnixMilli(), 1)
+}
+
+// secondaryEntry marks the pending entries of a node-list job after its
+// first, so that counts see the job once.
+var secondaryEntry = []byte{1}
+
+// setPending writes a due pending job's queue entries.
+func (j *Jobs) setPending(tx kv.Tx, typ, id string, r *record) {
+	for i, q := range Placement(r.placement).queues() {
+		var v []byte
+		if i > 0 {
+			v = secondaryEntry
+		}
+		tx.Set(j.pendingKey(typ, q, r.priority, id), v)
+	}
+}
+
+// clearPending removes a pending job's queue entries.
+func (j *Jobs) clearPending(tx kv.Tx, typ, id string, r *record) {
+	for _, q := range Placement(r.placement).queues() {
+		tx.Clear(j.pendingKey(typ, q, r.priority, id))
+	}
 }

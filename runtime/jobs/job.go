@@ -120,7 +120,7 @@ func (job *Job) finish(tx kv.Tx, b *batch, data json.RawMessage) error {
 // (the zero time: at once), with o.Priority (zero keeps the priority) and
 // o.Data (nil keeps the data).
 func (job *Job) Resubmit(tx kv.Tx, o ResubmitOptions) error {
-	n := NewJob{Type: job.Type, ID: job.ID, Priority: o.Priority, At: o.At, Data: o.Data}
+	n := NewJob{Type: job.Type, ID: job.ID, Priority: o.Priority, At: o.At, Data: o.Data, Placement: o.Placement}
 	if err := n.check(); err != nil {
 		return err
 	}
@@ -131,6 +131,9 @@ func (job *Job) Resubmit(tx kv.Tx, o ResubmitOptions) error {
 	r.state, r.lock, r.resubmit, r.due = Pending, nil, false, dueMs(o.At)
 	if o.Priority != 0 {
 		r.priority = o.Priority
+	}
+	if o.Placement != "" {
+		r.placement = string(n.Placement)
 	}
 	b := newBatch()
 	job.j.enqueue(tx, b, job.Type, job.ID, r)

@@ -740,3 +740,63 @@ func TestWatchStops(t *testing.T) {
 		j.Remove(ctx, typ, "run")
 	}
 }
+
+func TestNodeListPlacement(t *testing.T) {
+	t.Parallel()
+	j := newJobs(t, Options{AcceptSpread: -1})
+	mustAdd(t, j, NewJob{ID: "ab", Placement: "nodes:b,a,b"})
+	info, err := j.Get(ctx, typ, "ab")
+	if err != nil || info.Placement != "nodes:a,b" {
+		t.Fatalf("normalized placement %q, %v", info.Placement, err)
+	}
+	if n, _ := j.PendingCount(ctx, typ, 0, 0); n != 1 {
+		t.Fatalf("a node-list job counts %d times", n)
+	}
+	if _, err := j.Accept(ctx, typ, AcceptOptions{Node: "c"}); !errors.Is(err, ErrNoJobs) {
+		t.Fatalf("node c took a job for a and b: %v", err)
+	}
+	job := mustAccept(t, j, AcceptOptions{Node: "b"})
+	// Taking it from b's queue removed it from a's too.
+	if _, err := j.Accept(ctx, typ, AcceptOptions{Node: "a"}); !errors.Is(err, ErrNoJobs) {
+		t.Fatalf("node a took a job b runs: %v", err)
+	}
+	// The worker sends it on to node c alone.
+	if _, err := j.store.Transact(ctx, func(tx kv.Tx) (any, error) {
+		return nil, job.Resubmit(tx, ResubmitOptions{Placement: OnNode("c")})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.Accept(ctx, typ, AcceptOptions{Node: "b"}); !errors.Is(err, ErrNoJobs) {
+		t.Fatalf("node b took a job resubmitted to c: %v", err)
+	}
+	if job := mustAccept(t, j, AcceptOptions{Node: "c"}); job.Placement != "node:c" {
+		t.Fatalf("node c took a job placed %q", job.Placement)
+	}
+	// A list of one is a node; bad lists are refused.
+	mustAdd(t, j, NewJob{ID: "one", Placement: OnNodes("d")})
+	if info, _ := j.Get(ctx, typ, "one"); info.Placement != "node:d" {
+		t.Fatalf("list of one placed %q", info.Placement)
+	}
+	for _, p := range []Placement{"nodes:", "nodes:a,,b"} {
+		if err := j.Add(ctx, NewJob{Type: typ, ID: "bad", Placement: p}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("placement %q: %v", p, err)
+		}
+	}
+	// A pending node-list job that is removed or rescheduled leaves no
+	// entry behind in any of its queues.
+	mustAdd(t, j, NewJob{ID: "xy", Placement: OnNodes("x", "y")})
+	if err := j.Resubmit(ctx, typ, "xy", ResubmitOptions{Placement: OnNodes("y", "z")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.Accept(ctx, typ, AcceptOptions{Node: "x"}); !errors.Is(err, ErrNoJobs) {
+		t.Fatalf("node x took a job moved to y and z: %v", err)
+	}
+	if err := j.Remove(ctx, typ, "xy"); err != nil {
+		t.Fatal(err)
+	}
+	for _, node := range []string{"y", "z"} {
+		if _, err := j.Accept(ctx, typ, AcceptOptions{Node: node}); !errors.Is(err, ErrNoJobs) {
+			t.Fatalf("node %s took a removed job: %v", node, err)
+		}
+	}
+}

@@ -192,7 +192,7 @@ func (j *Jobs) requeueStale(ctx context.Context, typ string, cutoff tuple.Versio
 					continue // an entry left behind; clearing it is all
 				}
 				r.state, r.lock, r.due = Pending, nil, 0
-				tx.Set(j.pendingKey(typ, r.placement, r.priority, id), nil)
+				j.setPending(tx, typ, id, r)
 				j.save(tx, typ, id, r, false)
 				res.requeued = append(res.requeued, id)
 			}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/couchjobs/couchjobs/runtime/kv"
@@ -221,11 +222,22 @@ func (j *Jobs) PendingCountTx(tx kv.ReadTx, typ string, maxPriority int64, limit
 		if maxPriority == math.MaxInt64 {
 			eligible.End = queue.End
 		}
-		kvs, err := snap.GetRange(eligible, kv.RangeOptions{Limit: limit - count})
-		if err != nil {
-			return 0, err
+		for count < limit {
+			want := limit - count
+			kvs, err := snap.GetRange(eligible, kv.RangeOptions{Limit: want})
+			if err != nil {
+				return 0, err
+			}
+			for _, e := range kvs {
+				if len(e.Value) == 0 { // a node-list job counts once
+					count++
+				}
+			}
+			if len(kvs) < want {
+				break
+			}
+			eligible.Begin = append(slices.Clip(kvs[len(kvs)-1].Key), 0)
 		}
-		count += len(kvs)
 		begin = queue.End
 	}
 	return count, nil
