@@ -185,6 +185,8 @@ func writeJobError(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusNotFound, "unknown_type", err.Error())
 	case errors.Is(err, jobs.ErrInvalid):
 		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
+	case errors.Is(err, ErrNoAdmitter):
+		writeError(w, http.StatusServiceUnavailable, "unavailable", err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		writeError(w, http.StatusServiceUnavailable, "timeout", err.Error())
 	default:
@@ -279,6 +281,10 @@ func (n *Node) addJob(w http.ResponseWriter, r *http.Request) {
 	}
 	if req.At != nil {
 		nj.At = *req.At
+	}
+	if err := n.admit(r.Context(), &nj); err != nil {
+		writeJobError(w, err)
+		return
 	}
 	if err := n.jobs.Add(r.Context(), nj); err != nil {
 		writeJobError(w, err)

@@ -70,6 +70,9 @@ func (h *hostService) AddJob(ctx context.Context, req *pluginv1.AddJobRequest) (
 	if len(req.Data) > 0 {
 		n.Data = json.RawMessage(req.Data)
 	}
+	if err := h.p.n.admit(ctx, &n); err != nil {
+		return nil, grpcError(err)
+	}
 	if err := h.p.n.jobs.Add(ctx, n); err != nil {
 		return nil, grpcError(err)
 	}
@@ -140,6 +143,8 @@ func grpcError(err error) error {
 		return status.Error(codes.AlreadyExists, err.Error())
 	case errors.Is(err, jobs.ErrInvalid), errors.Is(err, jobs.ErrUnknownType):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, ErrNoAdmitter):
+		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, kv.ErrKeyTooLarge), errors.Is(err, kv.ErrInvertedRange), errors.Is(err, kv.ErrKeyOutsideLegalRange):
 		return status.Error(codes.InvalidArgument, err.Error())
 	}

@@ -78,6 +78,7 @@ type plugin struct {
 	lastErr  error
 	restarts int
 	session  *session
+	client   *sdk.Client // the running process, for admissions
 	stderr   *stderrTail // the running process's last stderr lines
 }
 
@@ -177,6 +178,11 @@ func (p *plugin) runOnce(ctx, accept context.Context) error {
 	if err := p.checkDescription(desc); err != nil {
 		return err
 	}
+	if d := p.cfg.ActivityTimeout.Duration; d > 0 {
+		for _, t := range desc.Types {
+			t.ActivityTimeoutMs = d.Milliseconds()
+		}
+	}
 	p.mu.Lock()
 	p.desc = desc
 	p.mu.Unlock()
@@ -184,6 +190,9 @@ func (p *plugin) runOnce(ctx, accept context.Context) error {
 		if err := p.n.jobs.SetTypeTimeout(ctx, t.Name, time.Duration(t.ActivityTimeoutMs)*time.Millisecond); err != nil {
 			return fmt.Errorf("plugin %s: register type %s: %w", p.name, t.Name, err)
 		}
+	}
+	if err := p.registerTypes(ctx, desc); err != nil {
+		return fmt.Errorf("plugin %s: register types: %w", p.name, err)
 	}
 	brokerID := c.Broker.NextId()
 	hostSrv := &hostService{p: p}
@@ -196,7 +205,7 @@ func (p *plugin) runOnce(ctx, accept context.Context) error {
 	if err != nil || p.cfg.Config == nil {
 		cfgJSON = []byte("{}")
 	}
-	cresp, err := c.Plugin.Configure(ctx, &pluginv1.ConfigureRequest{ConfigJson: cfgJSON, HostBrokerId: brokerID, NodeName: p.n.cfg.Node.Name})
+	cresp, err := c.Plugin.Configure(ctx, &pluginv1.ConfigureRequest{ConfigJson: cfgJSON, HostBrokerId: brokerID, NodeName: p.n.cfg.Node.Name, NodeGroups: p.n.cfg.Node.Groups})
 	if err != nil {
 		return fmt.Errorf("plugin %s: configure: %w", p.name, err)
 	}
@@ -216,13 +225,13 @@ func (p *plugin) runOnce(ctx, accept context.Context) error {
 		return fmt.Errorf("plugin %s: open session: %w", p.name, err)
 	}
 	p.mu.Lock()
-	p.session = s
+	p.session, p.client = s, c
 	p.mu.Unlock()
 	p.setState(PluginRunning, nil)
 	p.log.Info("plugin running", "version", desc.Version, "types", len(desc.Types))
 	err = s.serve(ctx, accept)
 	p.mu.Lock()
-	p.session = nil
+	p.session, p.client = nil, nil
 	p.mu.Unlock()
 	if ctx.Err() != nil {
 		return nil

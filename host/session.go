@@ -401,7 +401,7 @@ func (s *session) applyOne(tx kv.Tx, it *item) error {
 				err = job.Finish(tx, data)
 			}
 		case pluginv1.End_RESUBMIT:
-			o := jobs.ResubmitOptions{Data: data}
+			o := jobs.ResubmitOptions{Data: data, Placement: jobs.Placement(e.Placement)}
 			if e.ResubmitAtMs > 0 {
 				o.At = time.UnixMilli(e.ResubmitAtMs)
 			}

@@ -98,6 +98,12 @@ type Type struct {
 	ConfigSchema string
 	// Worker runs the type's jobs.
 	Worker Worker
+	// Admit, if set, checks every new job of the type before the host
+	// stores it: an error refuses the job (the submitter sees it, and
+	// nothing is stored). It may normalize the data and choose where the
+	// first run goes. Jobs added to the store directly, not through a
+	// host, skip it; a worker must still check what it runs.
+	Admit func(ctx context.Context, a *Admission) error
 }
 
 // Worker runs jobs. Run is called once per run, possibly for many jobs at
@@ -119,8 +125,10 @@ type Config struct {
 	// JSON is the [plugins.<name>.config] table as a JSON object ("{}" if
 	// absent).
 	JSON json.RawMessage
-	// Node is the name of the node the plugin runs on.
-	Node string
+	// Node is the name of the node the plugin runs on, and Groups its
+	// node groups.
+	Node   string
+	Groups []string
 	// Host reaches the host's services (jobs of the plugin's types, its
 	// subspace).
 	Host *Host
@@ -178,7 +186,10 @@ func Fail(err error) error {
 func Failf(format string, args ...any) error { return Fail(fmt.Errorf(format, args...)) }
 
 // resubmit asks for another run.
-type resubmit struct{ at time.Time }
+type resubmit struct {
+	at        time.Time
+	placement Placement
+}
 
 func (r *resubmit) Error() string { return fmt.Sprintf("resubmit at %s", r.at.Format(time.RFC3339)) }
 

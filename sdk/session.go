@@ -41,7 +41,7 @@ func (s *server) Describe(context.Context, *pluginv1.DescribeRequest) (*pluginv1
 	for _, t := range s.p.Types {
 		resp.Types = append(resp.Types, &pluginv1.JobType{
 			Name: t.Name, ActivityTimeoutMs: t.ActivityTimeout.Milliseconds(),
-			Continuous: t.Continuous, ConfigSchema: t.ConfigSchema,
+			Continuous: t.Continuous, ConfigSchema: t.ConfigSchema, Admits: t.Admit != nil,
 		})
 	}
 	return resp, nil
@@ -62,7 +62,7 @@ func (s *server) Configure(ctx context.Context, req *pluginv1.ConfigureRequest) 
 	if len(cfg) == 0 {
 		cfg = []byte("{}")
 	}
-	err := s.p.Configure(ctx, &Config{JSON: cfg, Node: req.NodeName, Host: s.host})
+	err := s.p.Configure(ctx, &Config{JSON: cfg, Node: req.NodeName, Groups: req.NodeGroups, Host: s.host})
 	resp := &pluginv1.ConfigureResponse{}
 	var ces ConfigErrors
 	switch {
@@ -217,6 +217,12 @@ type run struct {
 	waiting map[uint64]chan *pluginv1.Ack
 	last    time.Time // when the last update was sent
 	beating bool      // a heartbeat is on its way
+	// held is when the last update the host stored was sent: the store
+	// saw the job alive at or after it. A run whose lease (held plus the
+	// activity timeout) nears its end without a newer one stops, since
+	// another node may take the job: a node cut off from the store never
+	// runs a job beside its new owner.
+	held time.Time
 }
 
 func (s *session) start(parent context.Context, st *pluginv1.StartJob) {
@@ -227,6 +233,7 @@ func (s *session) start(parent context.Context, st *pluginv1.StartJob) {
 		log:       s.srv.log.With("type", st.Type, "id", st.Id),
 		waiting:   map[uint64]chan *pluginv1.Ack{},
 		last:      time.Now(),
+		held:      time.Now(),
 	}
 	r.job = &Job{Type: st.Type, ID: st.Id, Data: st.Data, Priority: st.Priority, Group: st.Group, run: r}
 	s.mu.Lock()
@@ -291,6 +298,7 @@ func (r *run) end(err error) {
 		if !rs.at.IsZero() {
 			e.ResubmitAtMs = rs.at.UnixMilli()
 		}
+		e.Placement = string(rs.placement)
 	case stopped && (reason == StopPreempt || reason == StopShutdown):
 		// The worker returned because it was asked to stop: it runs again.
 		e.Outcome = pluginv1.End_RESUBMIT
@@ -314,7 +322,8 @@ func (r *run) update(ctx context.Context, u *pluginv1.Update) error {
 	u.Handle, u.Seq = r.handle, r.seq
 	ch := make(chan *pluginv1.Ack, 1)
 	r.waiting[u.Seq] = ch
-	r.last = time.Now()
+	sent := time.Now()
+	r.last = sent
 	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
@@ -326,6 +335,13 @@ func (r *run) update(ctx context.Context, u *pluginv1.Update) error {
 	}
 	select {
 	case a := <-ch:
+		if a.Status == pluginv1.Ack_OK {
+			r.mu.Lock()
+			if sent.After(r.held) {
+				r.held = sent
+			}
+			r.mu.Unlock()
+		}
 		return ackError(a)
 	case <-ctx.Done():
 		return ctx.Err()
@@ -384,7 +400,13 @@ func (s *session) heartbeats(ctx context.Context) {
 				r.beating = true
 				due = append(due, r)
 			}
+			// The activity timeout is three heartbeats; stop at 80% of it.
+			expired := now.Sub(r.held) >= r.heartbeat*12/5
 			r.mu.Unlock()
+			if expired && r.ctx.Err() == nil {
+				r.log.Warn("no update reached the store within the activity timeout; stopping, as another node may take the job")
+				r.stop(StopLost)
+			}
 		}
 		s.mu.Unlock()
 		for _, r := range due {

@@ -74,6 +74,10 @@ type Plugin struct {
 	// MaxJobs caps the plugin's running jobs on this node; 0 means the
 	// node's limit.
 	MaxJobs int `toml:"max_jobs"`
+	// ActivityTimeout, if set, replaces the activity timeout the plugin
+	// declares for each of its types: how long a job whose node died waits
+	// before another node takes it. Set it alike on every node.
+	ActivityTimeout Duration `toml:"activity_timeout"`
 	// Config is handed to the plugin, which validates it.
 	Config map[string]any `toml:"config"`
 }
@@ -225,6 +229,9 @@ func (c *Config) validate() error {
 		}
 		if p.MaxJobs < 0 {
 			return fmt.Errorf("plugins.%s.max_jobs: %d is negative", name, p.MaxJobs)
+		}
+		if d := p.ActivityTimeout.Duration; d != 0 && d < 100*time.Millisecond {
+			return fmt.Errorf("plugins.%s.activity_timeout: %v is under 100ms", name, d)
 		}
 	}
 	if c.Scheduler.MaxJobs < 0 {

@@ -88,7 +88,7 @@ func (x Ack_Status) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Ack_Status.Descriptor instead.
 func (Ack_Status) EnumDescriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{8, 0}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{10, 0}
 }
 
 type StopJob_Reason int32
@@ -140,7 +140,7 @@ func (x StopJob_Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StopJob_Reason.Descriptor instead.
 func (StopJob_Reason) EnumDescriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{9, 0}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{11, 0}
 }
 
 type End_Outcome int32
@@ -199,7 +199,7 @@ func (x End_Outcome) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use End_Outcome.Descriptor instead.
 func (End_Outcome) EnumDescriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{16, 0}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{18, 0}
 }
 
 type DescribeRequest struct {
@@ -312,7 +312,10 @@ type JobType struct {
 	Continuous bool `protobuf:"varint,3,opt,name=continuous,proto3" json:"continuous,omitempty"`
 	// Config schema: a JSON Schema of the plugin's configuration, for
 	// display and documentation; validation is Configure's.
-	ConfigSchema  string `protobuf:"bytes,4,opt,name=config_schema,json=configSchema,proto3" json:"config_schema,omitempty"`
+	ConfigSchema string `protobuf:"bytes,4,opt,name=config_schema,json=configSchema,proto3" json:"config_schema,omitempty"`
+	// Admits: the host sends every new job of the type through Admit before
+	// storing it.
+	Admits        bool `protobuf:"varint,5,opt,name=admits,proto3" json:"admits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -375,6 +378,146 @@ func (x *JobType) GetConfigSchema() string {
 	return ""
 }
 
+func (x *JobType) GetAdmits() bool {
+	if x != nil {
+		return x.Admits
+	}
+	return false
+}
+
+type AdmitRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Type  string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	Id    string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	// Data is the new job's data, a JSON object.
+	Data []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	// Placement is what the submitter asked for (may be empty).
+	Placement     string `protobuf:"bytes,4,opt,name=placement,proto3" json:"placement,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdmitRequest) Reset() {
+	*x = AdmitRequest{}
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdmitRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdmitRequest) ProtoMessage() {}
+
+func (x *AdmitRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdmitRequest.ProtoReflect.Descriptor instead.
+func (*AdmitRequest) Descriptor() ([]byte, []int) {
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *AdmitRequest) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *AdmitRequest) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *AdmitRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *AdmitRequest) GetPlacement() string {
+	if x != nil {
+		return x.Placement
+	}
+	return ""
+}
+
+type AdmitResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Error, if not empty, refuses the job; it names what is wrong.
+	Error string `protobuf:"bytes,1,opt,name=error,proto3" json:"error,omitempty"`
+	// Data, if not empty, replaces the job's data (normalized).
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	// Placement, if not empty, is where the job's first run goes.
+	Placement     string `protobuf:"bytes,3,opt,name=placement,proto3" json:"placement,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdmitResponse) Reset() {
+	*x = AdmitResponse{}
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdmitResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdmitResponse) ProtoMessage() {}
+
+func (x *AdmitResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdmitResponse.ProtoReflect.Descriptor instead.
+func (*AdmitResponse) Descriptor() ([]byte, []int) {
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *AdmitResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *AdmitResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *AdmitResponse) GetPlacement() string {
+	if x != nil {
+		return x.Placement
+	}
+	return ""
+}
+
 type ConfigureRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Config is the [plugins.<name>.config] table, as a JSON object.
@@ -383,14 +526,16 @@ type ConfigureRequest struct {
 	// service.
 	HostBrokerId uint32 `protobuf:"varint,2,opt,name=host_broker_id,json=hostBrokerId,proto3" json:"host_broker_id,omitempty"`
 	// The node the plugin runs on.
-	NodeName      string `protobuf:"bytes,3,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	NodeName string `protobuf:"bytes,3,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	// The node's groups (node.groups in runtime.toml).
+	NodeGroups    []string `protobuf:"bytes,4,rep,name=node_groups,json=nodeGroups,proto3" json:"node_groups,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[3]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -402,7 +547,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[3]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -415,7 +560,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{3}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ConfigureRequest) GetConfigJson() []byte {
@@ -439,6 +584,13 @@ func (x *ConfigureRequest) GetNodeName() string {
 	return ""
 }
 
+func (x *ConfigureRequest) GetNodeGroups() []string {
+	if x != nil {
+		return x.NodeGroups
+	}
+	return nil
+}
+
 type ConfigureResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Errors        []*ConfigError         `protobuf:"bytes,1,rep,name=errors,proto3" json:"errors,omitempty"`
@@ -448,7 +600,7 @@ type ConfigureResponse struct {
 
 func (x *ConfigureResponse) Reset() {
 	*x = ConfigureResponse{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[4]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -460,7 +612,7 @@ func (x *ConfigureResponse) String() string {
 func (*ConfigureResponse) ProtoMessage() {}
 
 func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[4]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -473,7 +625,7 @@ func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureResponse) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{4}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ConfigureResponse) GetErrors() []*ConfigError {
@@ -494,7 +646,7 @@ type ConfigError struct {
 
 func (x *ConfigError) Reset() {
 	*x = ConfigError{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[5]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -506,7 +658,7 @@ func (x *ConfigError) String() string {
 func (*ConfigError) ProtoMessage() {}
 
 func (x *ConfigError) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[5]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -519,7 +671,7 @@ func (x *ConfigError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigError.ProtoReflect.Descriptor instead.
 func (*ConfigError) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{5}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ConfigError) GetKey() string {
@@ -548,7 +700,7 @@ type HostMessage struct {
 
 func (x *HostMessage) Reset() {
 	*x = HostMessage{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[6]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -560,7 +712,7 @@ func (x *HostMessage) String() string {
 func (*HostMessage) ProtoMessage() {}
 
 func (x *HostMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[6]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -573,7 +725,7 @@ func (x *HostMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostMessage.ProtoReflect.Descriptor instead.
 func (*HostMessage) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{6}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *HostMessage) GetStarts() []*StartJob {
@@ -616,7 +768,7 @@ type StartJob struct {
 
 func (x *StartJob) Reset() {
 	*x = StartJob{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[7]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -628,7 +780,7 @@ func (x *StartJob) String() string {
 func (*StartJob) ProtoMessage() {}
 
 func (x *StartJob) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[7]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -641,7 +793,7 @@ func (x *StartJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartJob.ProtoReflect.Descriptor instead.
 func (*StartJob) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{7}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *StartJob) GetHandle() uint64 {
@@ -707,7 +859,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[8]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -719,7 +871,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[8]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -732,7 +884,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{8}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Ack) GetHandle() uint64 {
@@ -776,7 +928,7 @@ type StopJob struct {
 
 func (x *StopJob) Reset() {
 	*x = StopJob{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[9]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -788,7 +940,7 @@ func (x *StopJob) String() string {
 func (*StopJob) ProtoMessage() {}
 
 func (x *StopJob) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[9]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -801,7 +953,7 @@ func (x *StopJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopJob.ProtoReflect.Descriptor instead.
 func (*StopJob) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{9}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StopJob) GetHandle() uint64 {
@@ -836,7 +988,7 @@ type PluginMessage struct {
 
 func (x *PluginMessage) Reset() {
 	*x = PluginMessage{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[10]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -848,7 +1000,7 @@ func (x *PluginMessage) String() string {
 func (*PluginMessage) ProtoMessage() {}
 
 func (x *PluginMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[10]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -861,7 +1013,7 @@ func (x *PluginMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginMessage.ProtoReflect.Descriptor instead.
 func (*PluginMessage) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{10}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *PluginMessage) GetUpdates() []*Update {
@@ -897,7 +1049,7 @@ type Update struct {
 
 func (x *Update) Reset() {
 	*x = Update{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[11]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -909,7 +1061,7 @@ func (x *Update) String() string {
 func (*Update) ProtoMessage() {}
 
 func (x *Update) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[11]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -922,7 +1074,7 @@ func (x *Update) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Update.ProtoReflect.Descriptor instead.
 func (*Update) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{11}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Update) GetHandle() uint64 {
@@ -974,7 +1126,7 @@ type Write struct {
 
 func (x *Write) Reset() {
 	*x = Write{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[12]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -986,7 +1138,7 @@ func (x *Write) String() string {
 func (*Write) ProtoMessage() {}
 
 func (x *Write) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[12]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -999,7 +1151,7 @@ func (x *Write) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Write.ProtoReflect.Descriptor instead.
 func (*Write) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{12}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *Write) GetOp() isWrite_Op {
@@ -1068,7 +1220,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[13]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1080,7 +1232,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[13]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1093,7 +1245,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{13}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *KeyValue) GetKey() []byte {
@@ -1121,7 +1273,7 @@ type Range struct {
 
 func (x *Range) Reset() {
 	*x = Range{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[14]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1133,7 +1285,7 @@ func (x *Range) String() string {
 func (*Range) ProtoMessage() {}
 
 func (x *Range) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[14]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1146,7 +1298,7 @@ func (x *Range) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Range.ProtoReflect.Descriptor instead.
 func (*Range) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{14}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Range) GetBegin() []byte {
@@ -1174,7 +1326,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[15]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1186,7 +1338,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[15]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1199,7 +1351,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{15}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Progress) GetFraction() float64 {
@@ -1230,14 +1382,17 @@ type End struct {
 	// (0: at once).
 	ResubmitAtMs int64 `protobuf:"varint,6,opt,name=resubmit_at_ms,json=resubmitAtMs,proto3" json:"resubmit_at_ms,omitempty"`
 	// Writes to the plugin's own subspace, committed with the end.
-	Writes        []*Write `protobuf:"bytes,7,rep,name=writes,proto3" json:"writes,omitempty"`
+	Writes []*Write `protobuf:"bytes,7,rep,name=writes,proto3" json:"writes,omitempty"`
+	// Placement: for RESUBMIT, where the next run goes ("*", "node:NAME",
+	// "nodes:A,B" or "group:NAME"); empty keeps the job's placement.
+	Placement     string `protobuf:"bytes,8,opt,name=placement,proto3" json:"placement,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *End) Reset() {
 	*x = End{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[16]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1249,7 +1404,7 @@ func (x *End) String() string {
 func (*End) ProtoMessage() {}
 
 func (x *End) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[16]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1262,7 +1417,7 @@ func (x *End) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use End.ProtoReflect.Descriptor instead.
 func (*End) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{16}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *End) GetHandle() uint64 {
@@ -1314,6 +1469,13 @@ func (x *End) GetWrites() []*Write {
 	return nil
 }
 
+func (x *End) GetPlacement() string {
+	if x != nil {
+		return x.Placement
+	}
+	return ""
+}
+
 type ReadRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Key reads one key; otherwise range is read.
@@ -1327,7 +1489,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[17]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1339,7 +1501,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[17]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1352,7 +1514,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{17}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReadRequest) GetKey() []byte {
@@ -1395,7 +1557,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[18]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1407,7 +1569,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[18]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1420,7 +1582,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{18}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReadResponse) GetFound() bool {
@@ -1454,7 +1616,7 @@ type JobRef struct {
 
 func (x *JobRef) Reset() {
 	*x = JobRef{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[19]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1466,7 +1628,7 @@ func (x *JobRef) String() string {
 func (*JobRef) ProtoMessage() {}
 
 func (x *JobRef) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[19]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1479,7 +1641,7 @@ func (x *JobRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobRef.ProtoReflect.Descriptor instead.
 func (*JobRef) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{19}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *JobRef) GetType() string {
@@ -1502,7 +1664,7 @@ type AddJobRequest struct {
 	Id       string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
 	Data     []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
 	Priority int64                  `protobuf:"varint,4,opt,name=priority,proto3" json:"priority,omitempty"`
-	// Placement: "*", "node:NAME" or "group:NAME".
+	// Placement: "*", "node:NAME", "nodes:A,B" or "group:NAME".
 	Placement     string `protobuf:"bytes,5,opt,name=placement,proto3" json:"placement,omitempty"`
 	Group         string `protobuf:"bytes,6,opt,name=group,proto3" json:"group,omitempty"`
 	Exclusive     bool   `protobuf:"varint,7,opt,name=exclusive,proto3" json:"exclusive,omitempty"`
@@ -1512,7 +1674,7 @@ type AddJobRequest struct {
 
 func (x *AddJobRequest) Reset() {
 	*x = AddJobRequest{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[20]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1524,7 +1686,7 @@ func (x *AddJobRequest) String() string {
 func (*AddJobRequest) ProtoMessage() {}
 
 func (x *AddJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[20]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1537,7 +1699,7 @@ func (x *AddJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddJobRequest.ProtoReflect.Descriptor instead.
 func (*AddJobRequest) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{20}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AddJobRequest) GetType() string {
@@ -1597,7 +1759,7 @@ type AddJobResponse struct {
 
 func (x *AddJobResponse) Reset() {
 	*x = AddJobResponse{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[21]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1609,7 +1771,7 @@ func (x *AddJobResponse) String() string {
 func (*AddJobResponse) ProtoMessage() {}
 
 func (x *AddJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[21]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1622,7 +1784,7 @@ func (x *AddJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddJobResponse.ProtoReflect.Descriptor instead.
 func (*AddJobResponse) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{21}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{23}
 }
 
 type RemoveJobResponse struct {
@@ -1633,7 +1795,7 @@ type RemoveJobResponse struct {
 
 func (x *RemoveJobResponse) Reset() {
 	*x = RemoveJobResponse{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[22]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1645,7 +1807,7 @@ func (x *RemoveJobResponse) String() string {
 func (*RemoveJobResponse) ProtoMessage() {}
 
 func (x *RemoveJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[22]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1658,7 +1820,7 @@ func (x *RemoveJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveJobResponse.ProtoReflect.Descriptor instead.
 func (*RemoveJobResponse) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{22}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{24}
 }
 
 type JobInfo struct {
@@ -1676,7 +1838,7 @@ type JobInfo struct {
 
 func (x *JobInfo) Reset() {
 	*x = JobInfo{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[23]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1688,7 +1850,7 @@ func (x *JobInfo) String() string {
 func (*JobInfo) ProtoMessage() {}
 
 func (x *JobInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[23]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1701,7 +1863,7 @@ func (x *JobInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobInfo.ProtoReflect.Descriptor instead.
 func (*JobInfo) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{23}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *JobInfo) GetType() string {
@@ -1755,19 +1917,31 @@ const file_couchjobs_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x10DescribeResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x122\n" +
-	"\x05types\x18\x03 \x03(\v2\x1c.couchjobs.plugin.v1.JobTypeR\x05types\"\x92\x01\n" +
+	"\x05types\x18\x03 \x03(\v2\x1c.couchjobs.plugin.v1.JobTypeR\x05types\"\xaa\x01\n" +
 	"\aJobType\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x13activity_timeout_ms\x18\x02 \x01(\x03R\x11activityTimeoutMs\x12\x1e\n" +
 	"\n" +
 	"continuous\x18\x03 \x01(\bR\n" +
 	"continuous\x12#\n" +
-	"\rconfig_schema\x18\x04 \x01(\tR\fconfigSchema\"v\n" +
+	"\rconfig_schema\x18\x04 \x01(\tR\fconfigSchema\x12\x16\n" +
+	"\x06admits\x18\x05 \x01(\bR\x06admits\"d\n" +
+	"\fAdmitRequest\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x1c\n" +
+	"\tplacement\x18\x04 \x01(\tR\tplacement\"W\n" +
+	"\rAdmitResponse\x12\x14\n" +
+	"\x05error\x18\x01 \x01(\tR\x05error\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12\x1c\n" +
+	"\tplacement\x18\x03 \x01(\tR\tplacement\"\x97\x01\n" +
 	"\x10ConfigureRequest\x12\x1f\n" +
 	"\vconfig_json\x18\x01 \x01(\fR\n" +
 	"configJson\x12$\n" +
 	"\x0ehost_broker_id\x18\x02 \x01(\rR\fhostBrokerId\x12\x1b\n" +
-	"\tnode_name\x18\x03 \x01(\tR\bnodeName\"M\n" +
+	"\tnode_name\x18\x03 \x01(\tR\bnodeName\x12\x1f\n" +
+	"\vnode_groups\x18\x04 \x03(\tR\n" +
+	"nodeGroups\"M\n" +
 	"\x11ConfigureResponse\x128\n" +
 	"\x06errors\x18\x01 \x03(\v2 .couchjobs.plugin.v1.ConfigErrorR\x06errors\"9\n" +
 	"\vConfigError\x12\x10\n" +
@@ -1829,7 +2003,7 @@ const file_couchjobs_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x03end\x18\x02 \x01(\fR\x03end\"@\n" +
 	"\bProgress\x12\x1a\n" +
 	"\bfraction\x18\x01 \x01(\x01R\bfraction\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\"\xcb\x02\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"\xe9\x02\n" +
 	"\x03End\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\x04R\x06handle\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12:\n" +
@@ -1837,7 +2011,8 @@ const file_couchjobs_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x04data\x18\x04 \x01(\fR\x04data\x12\x16\n" +
 	"\x06reason\x18\x05 \x01(\tR\x06reason\x12$\n" +
 	"\x0eresubmit_at_ms\x18\x06 \x01(\x03R\fresubmitAtMs\x122\n" +
-	"\x06writes\x18\a \x03(\v2\x1a.couchjobs.plugin.v1.WriteR\x06writes\"X\n" +
+	"\x06writes\x18\a \x03(\v2\x1a.couchjobs.plugin.v1.WriteR\x06writes\x12\x1c\n" +
+	"\tplacement\x18\b \x01(\tR\tplacement\"X\n" +
 	"\aOutcome\x12\x17\n" +
 	"\x13OUTCOME_UNSPECIFIED\x10\x00\x12\r\n" +
 	"\tCOMPLETED\x10\x01\x12\n" +
@@ -1873,11 +2048,12 @@ const file_couchjobs_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x05state\x18\x03 \x01(\tR\x05state\x12\x12\n" +
 	"\x04data\x18\x04 \x01(\fR\x04data\x12\x1a\n" +
 	"\bpriority\x18\x05 \x01(\x03R\bpriority\x12\x1a\n" +
-	"\bcanceled\x18\x06 \x01(\bR\bcanceled2\x92\x02\n" +
+	"\bcanceled\x18\x06 \x01(\bR\bcanceled2\xe2\x02\n" +
 	"\x06Plugin\x12W\n" +
 	"\bDescribe\x12$.couchjobs.plugin.v1.DescribeRequest\x1a%.couchjobs.plugin.v1.DescribeResponse\x12Z\n" +
 	"\tConfigure\x12%.couchjobs.plugin.v1.ConfigureRequest\x1a&.couchjobs.plugin.v1.ConfigureResponse\x12S\n" +
-	"\aSession\x12 .couchjobs.plugin.v1.HostMessage\x1a\".couchjobs.plugin.v1.PluginMessage(\x010\x012\x87\x03\n" +
+	"\aSession\x12 .couchjobs.plugin.v1.HostMessage\x1a\".couchjobs.plugin.v1.PluginMessage(\x010\x01\x12N\n" +
+	"\x05Admit\x12!.couchjobs.plugin.v1.AdmitRequest\x1a\".couchjobs.plugin.v1.AdmitResponse2\x87\x03\n" +
 	"\x04Host\x12K\n" +
 	"\x04Read\x12 .couchjobs.plugin.v1.ReadRequest\x1a!.couchjobs.plugin.v1.ReadResponse\x12Q\n" +
 	"\x06AddJob\x12\".couchjobs.plugin.v1.AddJobRequest\x1a#.couchjobs.plugin.v1.AddJobResponse\x12P\n" +
@@ -1898,7 +2074,7 @@ func file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP() []byte {
 }
 
 var file_couchjobs_plugin_v1_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_couchjobs_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_couchjobs_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_couchjobs_plugin_v1_plugin_proto_goTypes = []any{
 	(Ack_Status)(0),           // 0: couchjobs.plugin.v1.Ack.Status
 	(StopJob_Reason)(0),       // 1: couchjobs.plugin.v1.StopJob.Reason
@@ -1906,64 +2082,68 @@ var file_couchjobs_plugin_v1_plugin_proto_goTypes = []any{
 	(*DescribeRequest)(nil),   // 3: couchjobs.plugin.v1.DescribeRequest
 	(*DescribeResponse)(nil),  // 4: couchjobs.plugin.v1.DescribeResponse
 	(*JobType)(nil),           // 5: couchjobs.plugin.v1.JobType
-	(*ConfigureRequest)(nil),  // 6: couchjobs.plugin.v1.ConfigureRequest
-	(*ConfigureResponse)(nil), // 7: couchjobs.plugin.v1.ConfigureResponse
-	(*ConfigError)(nil),       // 8: couchjobs.plugin.v1.ConfigError
-	(*HostMessage)(nil),       // 9: couchjobs.plugin.v1.HostMessage
-	(*StartJob)(nil),          // 10: couchjobs.plugin.v1.StartJob
-	(*Ack)(nil),               // 11: couchjobs.plugin.v1.Ack
-	(*StopJob)(nil),           // 12: couchjobs.plugin.v1.StopJob
-	(*PluginMessage)(nil),     // 13: couchjobs.plugin.v1.PluginMessage
-	(*Update)(nil),            // 14: couchjobs.plugin.v1.Update
-	(*Write)(nil),             // 15: couchjobs.plugin.v1.Write
-	(*KeyValue)(nil),          // 16: couchjobs.plugin.v1.KeyValue
-	(*Range)(nil),             // 17: couchjobs.plugin.v1.Range
-	(*Progress)(nil),          // 18: couchjobs.plugin.v1.Progress
-	(*End)(nil),               // 19: couchjobs.plugin.v1.End
-	(*ReadRequest)(nil),       // 20: couchjobs.plugin.v1.ReadRequest
-	(*ReadResponse)(nil),      // 21: couchjobs.plugin.v1.ReadResponse
-	(*JobRef)(nil),            // 22: couchjobs.plugin.v1.JobRef
-	(*AddJobRequest)(nil),     // 23: couchjobs.plugin.v1.AddJobRequest
-	(*AddJobResponse)(nil),    // 24: couchjobs.plugin.v1.AddJobResponse
-	(*RemoveJobResponse)(nil), // 25: couchjobs.plugin.v1.RemoveJobResponse
-	(*JobInfo)(nil),           // 26: couchjobs.plugin.v1.JobInfo
+	(*AdmitRequest)(nil),      // 6: couchjobs.plugin.v1.AdmitRequest
+	(*AdmitResponse)(nil),     // 7: couchjobs.plugin.v1.AdmitResponse
+	(*ConfigureRequest)(nil),  // 8: couchjobs.plugin.v1.ConfigureRequest
+	(*ConfigureResponse)(nil), // 9: couchjobs.plugin.v1.ConfigureResponse
+	(*ConfigError)(nil),       // 10: couchjobs.plugin.v1.ConfigError
+	(*HostMessage)(nil),       // 11: couchjobs.plugin.v1.HostMessage
+	(*StartJob)(nil),          // 12: couchjobs.plugin.v1.StartJob
+	(*Ack)(nil),               // 13: couchjobs.plugin.v1.Ack
+	(*StopJob)(nil),           // 14: couchjobs.plugin.v1.StopJob
+	(*PluginMessage)(nil),     // 15: couchjobs.plugin.v1.PluginMessage
+	(*Update)(nil),            // 16: couchjobs.plugin.v1.Update
+	(*Write)(nil),             // 17: couchjobs.plugin.v1.Write
+	(*KeyValue)(nil),          // 18: couchjobs.plugin.v1.KeyValue
+	(*Range)(nil),             // 19: couchjobs.plugin.v1.Range
+	(*Progress)(nil),          // 20: couchjobs.plugin.v1.Progress
+	(*End)(nil),               // 21: couchjobs.plugin.v1.End
+	(*ReadRequest)(nil),       // 22: couchjobs.plugin.v1.ReadRequest
+	(*ReadResponse)(nil),      // 23: couchjobs.plugin.v1.ReadResponse
+	(*JobRef)(nil),            // 24: couchjobs.plugin.v1.JobRef
+	(*AddJobRequest)(nil),     // 25: couchjobs.plugin.v1.AddJobRequest
+	(*AddJobResponse)(nil),    // 26: couchjobs.plugin.v1.AddJobResponse
+	(*RemoveJobResponse)(nil), // 27: couchjobs.plugin.v1.RemoveJobResponse
+	(*JobInfo)(nil),           // 28: couchjobs.plugin.v1.JobInfo
 }
 var file_couchjobs_plugin_v1_plugin_proto_depIdxs = []int32{
 	5,  // 0: couchjobs.plugin.v1.DescribeResponse.types:type_name -> couchjobs.plugin.v1.JobType
-	8,  // 1: couchjobs.plugin.v1.ConfigureResponse.errors:type_name -> couchjobs.plugin.v1.ConfigError
-	10, // 2: couchjobs.plugin.v1.HostMessage.starts:type_name -> couchjobs.plugin.v1.StartJob
-	11, // 3: couchjobs.plugin.v1.HostMessage.acks:type_name -> couchjobs.plugin.v1.Ack
-	12, // 4: couchjobs.plugin.v1.HostMessage.stops:type_name -> couchjobs.plugin.v1.StopJob
+	10, // 1: couchjobs.plugin.v1.ConfigureResponse.errors:type_name -> couchjobs.plugin.v1.ConfigError
+	12, // 2: couchjobs.plugin.v1.HostMessage.starts:type_name -> couchjobs.plugin.v1.StartJob
+	13, // 3: couchjobs.plugin.v1.HostMessage.acks:type_name -> couchjobs.plugin.v1.Ack
+	14, // 4: couchjobs.plugin.v1.HostMessage.stops:type_name -> couchjobs.plugin.v1.StopJob
 	0,  // 5: couchjobs.plugin.v1.Ack.status:type_name -> couchjobs.plugin.v1.Ack.Status
 	1,  // 6: couchjobs.plugin.v1.StopJob.reason:type_name -> couchjobs.plugin.v1.StopJob.Reason
-	14, // 7: couchjobs.plugin.v1.PluginMessage.updates:type_name -> couchjobs.plugin.v1.Update
-	19, // 8: couchjobs.plugin.v1.PluginMessage.ends:type_name -> couchjobs.plugin.v1.End
-	15, // 9: couchjobs.plugin.v1.Update.writes:type_name -> couchjobs.plugin.v1.Write
-	18, // 10: couchjobs.plugin.v1.Update.progress:type_name -> couchjobs.plugin.v1.Progress
-	16, // 11: couchjobs.plugin.v1.Write.set:type_name -> couchjobs.plugin.v1.KeyValue
-	17, // 12: couchjobs.plugin.v1.Write.clear_range:type_name -> couchjobs.plugin.v1.Range
+	16, // 7: couchjobs.plugin.v1.PluginMessage.updates:type_name -> couchjobs.plugin.v1.Update
+	21, // 8: couchjobs.plugin.v1.PluginMessage.ends:type_name -> couchjobs.plugin.v1.End
+	17, // 9: couchjobs.plugin.v1.Update.writes:type_name -> couchjobs.plugin.v1.Write
+	20, // 10: couchjobs.plugin.v1.Update.progress:type_name -> couchjobs.plugin.v1.Progress
+	18, // 11: couchjobs.plugin.v1.Write.set:type_name -> couchjobs.plugin.v1.KeyValue
+	19, // 12: couchjobs.plugin.v1.Write.clear_range:type_name -> couchjobs.plugin.v1.Range
 	2,  // 13: couchjobs.plugin.v1.End.outcome:type_name -> couchjobs.plugin.v1.End.Outcome
-	15, // 14: couchjobs.plugin.v1.End.writes:type_name -> couchjobs.plugin.v1.Write
-	17, // 15: couchjobs.plugin.v1.ReadRequest.range:type_name -> couchjobs.plugin.v1.Range
-	16, // 16: couchjobs.plugin.v1.ReadResponse.kvs:type_name -> couchjobs.plugin.v1.KeyValue
+	17, // 14: couchjobs.plugin.v1.End.writes:type_name -> couchjobs.plugin.v1.Write
+	19, // 15: couchjobs.plugin.v1.ReadRequest.range:type_name -> couchjobs.plugin.v1.Range
+	18, // 16: couchjobs.plugin.v1.ReadResponse.kvs:type_name -> couchjobs.plugin.v1.KeyValue
 	3,  // 17: couchjobs.plugin.v1.Plugin.Describe:input_type -> couchjobs.plugin.v1.DescribeRequest
-	6,  // 18: couchjobs.plugin.v1.Plugin.Configure:input_type -> couchjobs.plugin.v1.ConfigureRequest
-	9,  // 19: couchjobs.plugin.v1.Plugin.Session:input_type -> couchjobs.plugin.v1.HostMessage
-	20, // 20: couchjobs.plugin.v1.Host.Read:input_type -> couchjobs.plugin.v1.ReadRequest
-	23, // 21: couchjobs.plugin.v1.Host.AddJob:input_type -> couchjobs.plugin.v1.AddJobRequest
-	22, // 22: couchjobs.plugin.v1.Host.RemoveJob:input_type -> couchjobs.plugin.v1.JobRef
-	22, // 23: couchjobs.plugin.v1.Host.GetJob:input_type -> couchjobs.plugin.v1.JobRef
-	22, // 24: couchjobs.plugin.v1.Host.Subscribe:input_type -> couchjobs.plugin.v1.JobRef
-	4,  // 25: couchjobs.plugin.v1.Plugin.Describe:output_type -> couchjobs.plugin.v1.DescribeResponse
-	7,  // 26: couchjobs.plugin.v1.Plugin.Configure:output_type -> couchjobs.plugin.v1.ConfigureResponse
-	13, // 27: couchjobs.plugin.v1.Plugin.Session:output_type -> couchjobs.plugin.v1.PluginMessage
-	21, // 28: couchjobs.plugin.v1.Host.Read:output_type -> couchjobs.plugin.v1.ReadResponse
-	24, // 29: couchjobs.plugin.v1.Host.AddJob:output_type -> couchjobs.plugin.v1.AddJobResponse
-	25, // 30: couchjobs.plugin.v1.Host.RemoveJob:output_type -> couchjobs.plugin.v1.RemoveJobResponse
-	26, // 31: couchjobs.plugin.v1.Host.GetJob:output_type -> couchjobs.plugin.v1.JobInfo
-	26, // 32: couchjobs.plugin.v1.Host.Subscribe:output_type -> couchjobs.plugin.v1.JobInfo
-	25, // [25:33] is the sub-list for method output_type
-	17, // [17:25] is the sub-list for method input_type
+	8,  // 18: couchjobs.plugin.v1.Plugin.Configure:input_type -> couchjobs.plugin.v1.ConfigureRequest
+	11, // 19: couchjobs.plugin.v1.Plugin.Session:input_type -> couchjobs.plugin.v1.HostMessage
+	6,  // 20: couchjobs.plugin.v1.Plugin.Admit:input_type -> couchjobs.plugin.v1.AdmitRequest
+	22, // 21: couchjobs.plugin.v1.Host.Read:input_type -> couchjobs.plugin.v1.ReadRequest
+	25, // 22: couchjobs.plugin.v1.Host.AddJob:input_type -> couchjobs.plugin.v1.AddJobRequest
+	24, // 23: couchjobs.plugin.v1.Host.RemoveJob:input_type -> couchjobs.plugin.v1.JobRef
+	24, // 24: couchjobs.plugin.v1.Host.GetJob:input_type -> couchjobs.plugin.v1.JobRef
+	24, // 25: couchjobs.plugin.v1.Host.Subscribe:input_type -> couchjobs.plugin.v1.JobRef
+	4,  // 26: couchjobs.plugin.v1.Plugin.Describe:output_type -> couchjobs.plugin.v1.DescribeResponse
+	9,  // 27: couchjobs.plugin.v1.Plugin.Configure:output_type -> couchjobs.plugin.v1.ConfigureResponse
+	15, // 28: couchjobs.plugin.v1.Plugin.Session:output_type -> couchjobs.plugin.v1.PluginMessage
+	7,  // 29: couchjobs.plugin.v1.Plugin.Admit:output_type -> couchjobs.plugin.v1.AdmitResponse
+	23, // 30: couchjobs.plugin.v1.Host.Read:output_type -> couchjobs.plugin.v1.ReadResponse
+	26, // 31: couchjobs.plugin.v1.Host.AddJob:output_type -> couchjobs.plugin.v1.AddJobResponse
+	27, // 32: couchjobs.plugin.v1.Host.RemoveJob:output_type -> couchjobs.plugin.v1.RemoveJobResponse
+	28, // 33: couchjobs.plugin.v1.Host.GetJob:output_type -> couchjobs.plugin.v1.JobInfo
+	28, // 34: couchjobs.plugin.v1.Host.Subscribe:output_type -> couchjobs.plugin.v1.JobInfo
+	26, // [26:35] is the sub-list for method output_type
+	17, // [17:26] is the sub-list for method input_type
 	17, // [17:17] is the sub-list for extension type_name
 	17, // [17:17] is the sub-list for extension extendee
 	0,  // [0:17] is the sub-list for field type_name
@@ -1974,7 +2154,7 @@ func file_couchjobs_plugin_v1_plugin_proto_init() {
 	if File_couchjobs_plugin_v1_plugin_proto != nil {
 		return
 	}
-	file_couchjobs_plugin_v1_plugin_proto_msgTypes[12].OneofWrappers = []any{
+	file_couchjobs_plugin_v1_plugin_proto_msgTypes[14].OneofWrappers = []any{
 		(*Write_Set)(nil),
 		(*Write_Clear)(nil),
 		(*Write_ClearRange)(nil),
@@ -1985,7 +2165,7 @@ func file_couchjobs_plugin_v1_plugin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_couchjobs_plugin_v1_plugin_proto_rawDesc), len(file_couchjobs_plugin_v1_plugin_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   24,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

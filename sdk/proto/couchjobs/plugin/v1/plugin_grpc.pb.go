@@ -32,6 +32,7 @@ const (
 	Plugin_Describe_FullMethodName  = "/couchjobs.plugin.v1.Plugin/Describe"
 	Plugin_Configure_FullMethodName = "/couchjobs.plugin.v1.Plugin/Configure"
 	Plugin_Session_FullMethodName   = "/couchjobs.plugin.v1.Plugin/Session"
+	Plugin_Admit_FullMethodName     = "/couchjobs.plugin.v1.Plugin/Admit"
 )
 
 // PluginClient is the client API for Plugin service.
@@ -52,6 +53,10 @@ type PluginClient interface {
 	// long as the plugin runs. Each message may hold many items, so that
 	// dispatch and completions are batched across the process boundary.
 	Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[HostMessage, PluginMessage], error)
+	// Admit checks a new job of a type that admits its jobs (JobType.admits)
+	// before the host stores it, and says where its first run goes. A job
+	// it refuses is not stored, and the caller gets the refusal.
+	Admit(ctx context.Context, in *AdmitRequest, opts ...grpc.CallOption) (*AdmitResponse, error)
 }
 
 type pluginClient struct {
@@ -95,6 +100,16 @@ func (c *pluginClient) Session(ctx context.Context, opts ...grpc.CallOption) (gr
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Plugin_SessionClient = grpc.BidiStreamingClient[HostMessage, PluginMessage]
 
+func (c *pluginClient) Admit(ctx context.Context, in *AdmitRequest, opts ...grpc.CallOption) (*AdmitResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AdmitResponse)
+	err := c.cc.Invoke(ctx, Plugin_Admit_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PluginServer is the server API for Plugin service.
 // All implementations must embed UnimplementedPluginServer
 // for forward compatibility.
@@ -113,6 +128,10 @@ type PluginServer interface {
 	// long as the plugin runs. Each message may hold many items, so that
 	// dispatch and completions are batched across the process boundary.
 	Session(grpc.BidiStreamingServer[HostMessage, PluginMessage]) error
+	// Admit checks a new job of a type that admits its jobs (JobType.admits)
+	// before the host stores it, and says where its first run goes. A job
+	// it refuses is not stored, and the caller gets the refusal.
+	Admit(context.Context, *AdmitRequest) (*AdmitResponse, error)
 	mustEmbedUnimplementedPluginServer()
 }
 
@@ -131,6 +150,9 @@ func (UnimplementedPluginServer) Configure(context.Context, *ConfigureRequest) (
 }
 func (UnimplementedPluginServer) Session(grpc.BidiStreamingServer[HostMessage, PluginMessage]) error {
 	return status.Errorf(codes.Unimplemented, "method Session not implemented")
+}
+func (UnimplementedPluginServer) Admit(context.Context, *AdmitRequest) (*AdmitResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Admit not implemented")
 }
 func (UnimplementedPluginServer) mustEmbedUnimplementedPluginServer() {}
 func (UnimplementedPluginServer) testEmbeddedByValue()                {}
@@ -196,6 +218,24 @@ func _Plugin_Session_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Plugin_SessionServer = grpc.BidiStreamingServer[HostMessage, PluginMessage]
 
+func _Plugin_Admit_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AdmitRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PluginServer).Admit(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Plugin_Admit_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PluginServer).Admit(ctx, req.(*AdmitRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Plugin_ServiceDesc is the grpc.ServiceDesc for Plugin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -210,6 +250,10 @@ var Plugin_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Configure",
 			Handler:    _Plugin_Configure_Handler,
+		},
+		{
+			MethodName: "Admit",
+			Handler:    _Plugin_Admit_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
