@@ -40,10 +40,10 @@ func (p *plugin) registerTypes(ctx context.Context, desc *pluginv1.DescribeRespo
 	return err
 }
 
-// admit passes a new job through its type's Admit hook, if the type has
+// Admit passes a new job through its type's Admit hook, if the type has
 // one: the plugin may refuse it (jobs.ErrInvalid, with the plugin's
 // reason), normalize its data, and place its first run.
-func (n *Node) admit(ctx context.Context, nj *jobs.NewJob) error {
+func (n *Node) Admit(ctx context.Context, nj *jobs.NewJob) error {
 	for _, p := range n.plugins {
 		p.mu.Lock()
 		desc, client := p.desc, p.client

@@ -282,7 +282,7 @@ func (n *Node) addJob(w http.ResponseWriter, r *http.Request) {
 	if req.At != nil {
 		nj.At = *req.At
 	}
-	if err := n.admit(r.Context(), &nj); err != nil {
+	if err := n.Admit(r.Context(), &nj); err != nil {
 		writeJobError(w, err)
 		return
 	}

@@ -70,7 +70,7 @@ func (h *hostService) AddJob(ctx context.Context, req *pluginv1.AddJobRequest) (
 	if len(req.Data) > 0 {
 		n.Data = json.RawMessage(req.Data)
 	}
-	if err := h.p.n.admit(ctx, &n); err != nil {
+	if err := h.p.n.Admit(ctx, &n); err != nil {
 		return nil, grpcError(err)
 	}
 	if err := h.p.n.jobs.Add(ctx, n); err != nil {

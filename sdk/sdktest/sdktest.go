@@ -51,17 +51,44 @@ type Harness struct {
 // fails the test with the plugin's errors.
 func New(t testing.TB, p *sdk.Plugin, cfg map[string]any) *Harness {
 	t.Helper()
+	return NewWith(t, p, cfg, Options{})
+}
+
+// Options shape the node of NewWith.
+type Options struct {
+	// Node and Groups are the node's name (default "sdktest") and groups.
+	Node   string
+	Groups []string
+	// Store is the path of the store file; default a new one. Nodes given
+	// the same path share a store, as a cluster does.
+	Store string
+	// MaxJobs caps the plugin's running jobs on the node; 0: no cap.
+	MaxJobs int
+}
+
+// NewWith is New with options: several harnesses over one store are the
+// nodes of a cluster, each running its own instance of the plugin.
+func NewWith(t testing.TB, p *sdk.Plugin, cfg map[string]any, o Options) *Harness {
+	t.Helper()
 	if err := p.Validate(); err != nil {
 		t.Fatalf("plugin %s: %v", p.Name, err)
 	}
 	dir := t.TempDir()
-	text := fmt.Sprintf("plugin_dir = %q\n[node]\nname = \"sdktest\"\n[store]\npath = %q\n[http]\nlisten = \"off\"\n[scheduler]\nmin_backoff = \"10ms\"\nmax_backoff = \"100ms\"\n[plugins.%s]\n",
-		dir, filepath.Join(dir, "store.db"), p.Name)
+	if o.Node == "" {
+		o.Node = "sdktest"
+	}
+	if o.Store == "" {
+		o.Store = filepath.Join(dir, "store.db")
+	}
+	text := fmt.Sprintf("plugin_dir = %q\n[node]\nname = %q\n[store]\npath = %q\n[http]\nlisten = \"off\"\n[scheduler]\nmin_backoff = \"10ms\"\nmax_backoff = \"100ms\"\n[plugins.%s]\n",
+		dir, o.Node, o.Store, p.Name)
 	c, err := config.Parse(filepath.Join(dir, "runtime.toml"), []byte(text))
 	if err != nil {
 		t.Fatal(err)
 	}
+	c.Node.Groups = o.Groups
 	c.Plugins[p.Name].Config = cfg
+	c.Plugins[p.Name].MaxJobs = o.MaxJobs
 	log := hclog.New(&hclog.LoggerOptions{Name: "sdktest", Level: hclog.Warn, Output: testWriter{t}})
 	if p.Logger == nil {
 		p.Logger = log.Named(p.Name)
@@ -115,35 +142,55 @@ func (h *Harness) Run(typ, id string, data any) Result {
 	})
 }
 
-// Add adds a job (or re-adds it) without waiting.
+// Add adds a job (or re-adds it) without waiting. Like the host's API, it
+// passes the job through the type's Admit hook first.
 func (h *Harness) Add(typ, id string, data any) {
 	h.t.Helper()
 	h.add(typ, id, data)
 }
 
+// TryAdd is Add returning the error, such as the Admit hook's refusal
+// (jobs.ErrInvalid), instead of failing the test.
+func (h *Harness) TryAdd(typ, id string, data any) error {
+	h.t.Helper()
+	_, err := h.tryAdd(typ, id, data)
+	return err
+}
+
 // add adds a job and returns the versionstamp its record got.
 func (h *Harness) add(typ, id string, data any) tuple.Versionstamp {
 	h.t.Helper()
+	vs, err := h.tryAdd(typ, id, data)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return vs
+}
+
+func (h *Harness) tryAdd(typ, id string, data any) (tuple.Versionstamp, error) {
 	n := jobs.NewJob{Type: typ, ID: id}
 	if data != nil {
 		b, err := json.Marshal(data)
 		if err != nil {
-			h.t.Fatalf("job data: %v", err)
+			return tuple.Versionstamp{}, fmt.Errorf("job data: %w", err)
 		}
 		n.Data = b
+	}
+	if err := h.node.Admit(context.Background(), &n); err != nil {
+		return tuple.Versionstamp{}, err
 	}
 	var vs kv.VersionstampFuture
 	if _, err := h.node.Store().Transact(context.Background(), func(tx kv.Tx) (any, error) {
 		vs = tx.Versionstamp()
 		return nil, h.node.Jobs().AddTx(tx, n)
 	}); err != nil {
-		h.t.Fatalf("add %s/%s: %v", typ, id, err)
+		return tuple.Versionstamp{}, fmt.Errorf("add %s/%s: %w", typ, id, err)
 	}
 	v, err := vs.Get()
 	if err != nil {
-		h.t.Fatal(err)
+		return tuple.Versionstamp{}, err
 	}
-	return tuple.Versionstamp{TransactionVersion: v}
+	return tuple.Versionstamp{TransactionVersion: v}, nil
 }
 
 func versionAfter(a, b tuple.Versionstamp) bool {

@@ -1,0 +1,245 @@
+// Package cluster runs couchjobs nodes with the shell plugin as separate
+// processes over one embedded store, for the plugin's failure tests and
+// its thesis benchmark: real hosts that can be killed with SIGKILL.
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/couchjobs/couchjobs/plugins/shell"
+	"github.com/couchjobs/couchjobs/runtime/jobs"
+	"github.com/couchjobs/couchjobs/runtime/kv/sqlitekv"
+)
+
+// Build compiles the couchjobs host and the shell plugin into dir/bin.
+func Build(ctx context.Context, dir string) error {
+	for _, b := range []struct{ out, pkg string }{
+		{filepath.Join(dir, "bin", "couchjobs"), "github.com/couchjobs/couchjobs/host/cmd/couchjobs"},
+		{filepath.Join(dir, "bin", "plugins", "couchjobs-shell"), "github.com/couchjobs/couchjobs/plugins/shell/cmd/couchjobs-shell"},
+	} {
+		if out, err := exec.CommandContext(ctx, "go", "build", "-o", b.out, b.pkg).CombinedOutput(); err != nil {
+			return fmt.Errorf("build %s: %v\n%s", b.pkg, err, out)
+		}
+	}
+	return nil
+}
+
+// Options shape a cluster.
+type Options struct {
+	// Workers is each node's shell worker count (plugins.shell.max_jobs).
+	Workers int
+	// ActivityTimeout is how soon a dead node's job goes elsewhere.
+	ActivityTimeout time.Duration
+	// Log receives the nodes' output; nil discards it.
+	Log io.Writer
+}
+
+// Cluster is nodes sharing one store in dir, which Build filled.
+type Cluster struct {
+	dir   string
+	opts  Options
+	Store *sqlitekv.Store
+	Jobs  *jobs.Jobs
+	nodes map[string]*Node
+}
+
+// Node is one host process.
+type Node struct {
+	Name string
+	cmd  *exec.Cmd
+	api  string
+	done chan struct{}
+}
+
+// New opens the cluster's store.
+func New(dir string, o Options) (*Cluster, error) {
+	if o.Workers == 0 {
+		o.Workers = 2
+	}
+	if o.ActivityTimeout == 0 {
+		o.ActivityTimeout = 2 * time.Second
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	s, err := sqlitekv.Open(filepath.Join(dir, "store.db"), sqlitekv.Options{})
+	if err != nil {
+		return nil, err
+	}
+	return &Cluster{dir: dir, opts: o, Store: s, Jobs: jobs.New(s, jobs.Options{}), nodes: map[string]*Node{}}, nil
+}
+
+// Start launches a node and waits until its shell plugin runs.
+func (c *Cluster) Start(ctx context.Context, name string, groups ...string) (*Node, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := l.Addr().String()
+	l.Close()
+	gs, _ := json.Marshal(groups)
+	if groups == nil {
+		gs = []byte("[]")
+	}
+	text := fmt.Sprintf(`plugin_dir = "bin/plugins"
+[node]
+name = %q
+groups = %s
+[store]
+path = "store.db"
+[http]
+listen = %q
+[log]
+level = "warn"
+[plugins.shell]
+max_jobs = %d
+activity_timeout = %q
+`, name, gs, addr, c.opts.Workers, c.opts.ActivityTimeout)
+	path := filepath.Join(c.dir, name+".toml")
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(filepath.Join(c.dir, "bin", "couchjobs"), "run", "-config", path)
+	cmd.Stdout, cmd.Stderr = c.opts.Log, c.opts.Log
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	n := &Node{Name: name, cmd: cmd, api: "http://" + addr, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(n.done) }()
+	c.nodes[name] = n
+	for {
+		if n.shellRunning() {
+			return n, nil
+		}
+		select {
+		case <-n.done:
+			return nil, fmt.Errorf("node %s exited at start", name)
+		case <-ctx.Done():
+			n.Kill()
+			return nil, fmt.Errorf("node %s did not start: %w", name, ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func (n *Node) shellRunning() bool {
+	resp, err := http.Get(n.api + "/plugins")
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Plugins []struct{ Name, State string }
+	}
+	json.NewDecoder(resp.Body).Decode(&out)
+	for _, p := range out.Plugins {
+		if p.Name == "shell" && p.State == "running" {
+			return true
+		}
+	}
+	return false
+}
+
+// Kill kills the node with SIGKILL, as a crash would, and waits for it.
+func (n *Node) Kill() {
+	n.cmd.Process.Signal(syscall.SIGKILL)
+	<-n.done
+}
+
+// Stop stops the node gracefully.
+func (n *Node) Stop() {
+	n.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-n.done:
+	case <-time.After(30 * time.Second):
+		n.Kill()
+	}
+}
+
+// Add adds a shell job as the host's API would: checked, and queued for
+// its first step's target.
+func (c *Cluster) Add(ctx context.Context, id string, doc any) error {
+	b, err := json.Marshal(doc)
+	if err != nil {
+		return err
+	}
+	data, place, err := shell.Prepare(b)
+	if err != nil {
+		return err
+	}
+	return c.Jobs.Add(ctx, jobs.NewJob{Type: shell.TypeName, ID: id, Data: data, Placement: jobs.Placement(place)})
+}
+
+// Doc returns a job's document and state.
+func (c *Cluster) Doc(ctx context.Context, id string) (*shell.Doc, jobs.State, error) {
+	in, err := c.Jobs.Get(ctx, shell.TypeName, id)
+	if err != nil {
+		return nil, "", err
+	}
+	var d shell.Doc
+	if err := json.Unmarshal(in.Data, &d); err != nil {
+		return nil, "", err
+	}
+	return &d, in.State, nil
+}
+
+// WaitFinished waits until every job is finished.
+func (c *Cluster) WaitFinished(ctx context.Context, ids ...string) error {
+	for _, id := range ids {
+		sub, err := c.Jobs.Subscribe(ctx, shell.TypeName, id)
+		if err != nil {
+			return err
+		}
+		ev := sub.Latest()
+		for ev.State != jobs.Finished && err == nil {
+			if ev.State == jobs.NotFound {
+				err = fmt.Errorf("job %s was removed", id)
+				break
+			}
+			ev, err = sub.Next(ctx)
+		}
+		sub.Close()
+		if err != nil {
+			return fmt.Errorf("job %s: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// Commits is the number of write transactions the store has committed.
+func (c *Cluster) Commits(ctx context.Context) (int64, error) {
+	st, err := c.Store.Stats(ctx)
+	return st.Version, err
+}
+
+// Close stops every node still running and closes the store.
+func (c *Cluster) Close() error {
+	var errs []string
+	for _, n := range c.nodes {
+		select {
+		case <-n.done:
+		default:
+			n.Stop()
+		}
+	}
+	c.Jobs.Close()
+	if err := c.Store.Close(); err != nil {
+		errs = append(errs, err.Error())
+	}
+	if len(errs) > 0 {
+		return errors.New(strings.Join(errs, "; "))
+	}
+	return nil
+}
