@@ -12,15 +12,16 @@ BENCHTIME ?= 2s
 PROTOC_GEN_GO      := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
 
-.PHONY: all build build-fdb plugins run test test-race test-slow test-fdb check-fdb bench fuzz lint proto clean
+.PHONY: all build build-fdb plugins run test test-race test-slow test-fdb check-fdb bench bench-thesis fuzz lint proto clean
 
 all: lint test
 
 build:
 	$(GO) build -o $(BIN)/couchjobs ./host/cmd/couchjobs
 
-# The example plugin, where runtime.toml's plugin_dir points.
+# The plugins, where runtime.toml's plugin_dir points.
 plugins:
+	$(GO) build -o $(BIN)/plugins/couchjobs-shell ./plugins/shell/cmd/couchjobs-shell
 	$(GO) build -o $(BIN)/plugins/couchjobs-wordcount ./examples/wordcount
 
 # The FoundationDB backend needs cgo and libfdb_c (docs/FOUNDATIONDB.md).
@@ -40,10 +41,10 @@ test-race:
 
 # Slow suites: the race detector over everything, a short fuzzing pass over
 # every decoder, the conformance suite on the second SQLite driver, the
-# full 10,000-job, three-process test of the job layer, and a host process
-# killed with SIGKILL.
+# full 10,000-job, three-process test of the job layer, and host processes
+# killed with SIGKILL (the shell plugin's on_lost policies among them).
 test-slow: test-race fuzz
-	$(GO) test -count=1 -run 'Modernc|ManyProcesses|KilledHost' ./runtime/kv/sqlitekv ./runtime/jobs ./host/cmd/couchjobs
+	$(GO) test -count=1 -run 'Modernc|ManyProcesses|KilledHost|KilledNode' ./runtime/kv/sqlitekv ./runtime/jobs ./host/cmd/couchjobs ./plugins/shell
 
 # The conformance suite and tuple compatibility against a real cluster.
 test-fdb:
@@ -58,11 +59,19 @@ bench:
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime $(BENCHTIME) ./runtime/...
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime 20000x ./host
 
+# The thesis's evaluation on 1 to 3 host processes (docs/BENCHMARKS.md):
+# about 10 minutes with the thesis's 5 s steps; THESIS_SLEEP=0.5 for a
+# quick run.
+THESIS_SLEEP ?= 5
+bench-thesis:
+	$(GO) run ./plugins/shell/thesis -sleep $(THESIS_SLEEP)
+
 FUZZTIME ?= 15s
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzUnpack -fuzztime $(FUZZTIME) ./runtime/tuple
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./host/config
 	$(GO) test -run '^$$' -fuzz FuzzDecodeRecord -fuzztime $(FUZZTIME) ./runtime/jobs
+	$(GO) test -run '^$$' -fuzz FuzzParseDoc -fuzztime $(FUZZTIME) ./plugins/shell
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

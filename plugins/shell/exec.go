@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -150,6 +151,8 @@ func (c *Config) run(ctx context.Context, cmd command) *result {
 		res.err = fmt.Errorf("start: %w", err)
 		return res
 	}
+	disarm := watchdog(p.Process.Pid)
+	defer disarm()
 	done := make(chan error, 1)
 	go func() { done <- p.Wait() }()
 	var timer <-chan time.Time
@@ -237,4 +240,31 @@ func (t *tail) Dropped() int64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.dropped
+}
+
+// watchdog makes sure a command's process group does not outlive the
+// plugin. Its parent-death signal kills only the command's first process;
+// what that started would run on, beside the step's next attempt on
+// another node. So a small shell waits on a pipe from the plugin: if the
+// plugin dies, the pipe closes before the word "done" arrives, and the
+// shell kills the group. The returned func sends "done".
+func watchdog(pgid int) (disarm func()) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		return func() {}
+	}
+	cmd := exec.Command("/bin/sh", "-c", `IFS= read -r word; [ "$word" = done ] || kill -9 -"$1" 2>/dev/null`, "watchdog", strconv.Itoa(pgid))
+	cmd.Stdin = r
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		r.Close()
+		w.Close()
+		return func() {}
+	}
+	r.Close()
+	go cmd.Wait() // reaps it once disarmed
+	return func() {
+		w.Write([]byte("done\n"))
+		w.Close()
+	}
 }

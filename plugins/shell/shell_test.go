@@ -134,9 +134,9 @@ func TestAltDo(t *testing.T) {
 	t.Parallel()
 	h := sdktest.New(t, shell.New(), nil)
 	for _, tc := range []struct {
-		name, step   string
+		name, step    string
 		status, step0 string
-		alt          int
+		alt           int
 	}{
 		{"alt succeeds, job fails", `{"do":"exit 3","alt_do":"echo fallback"}`, shell.JobFailed, shell.StatusAltSuccess, 0},
 		{"alt succeeds, job goes on", `{"do":"exit 3","alt_do":"echo fallback","continue_on_alt_success":true}`, shell.JobSuccess, shell.StatusAltSuccess, 0},

@@ -23,11 +23,11 @@ import (
 	"github.com/couchjobs/couchjobs/runtime/kv/sqlitekv"
 )
 
-// Build compiles the couchjobs host and the shell plugin into dir/bin.
-func Build(ctx context.Context, dir string) error {
+// Build compiles the couchjobs host and the shell plugin into bin.
+func Build(ctx context.Context, bin string) error {
 	for _, b := range []struct{ out, pkg string }{
-		{filepath.Join(dir, "bin", "couchjobs"), "github.com/couchjobs/couchjobs/host/cmd/couchjobs"},
-		{filepath.Join(dir, "bin", "plugins", "couchjobs-shell"), "github.com/couchjobs/couchjobs/plugins/shell/cmd/couchjobs-shell"},
+		{filepath.Join(bin, "couchjobs"), "github.com/couchjobs/couchjobs/host/cmd/couchjobs"},
+		{filepath.Join(bin, "plugins", "couchjobs-shell"), "github.com/couchjobs/couchjobs/plugins/shell/cmd/couchjobs-shell"},
 	} {
 		if out, err := exec.CommandContext(ctx, "go", "build", "-o", b.out, b.pkg).CombinedOutput(); err != nil {
 			return fmt.Errorf("build %s: %v\n%s", b.pkg, err, out)
@@ -38,6 +38,8 @@ func Build(ctx context.Context, dir string) error {
 
 // Options shape a cluster.
 type Options struct {
+	// Bin is where Build put the binaries.
+	Bin string
 	// Workers is each node's shell worker count (plugins.shell.max_jobs).
 	Workers int
 	// ActivityTimeout is how soon a dead node's job goes elsewhere.
@@ -46,7 +48,7 @@ type Options struct {
 	Log io.Writer
 }
 
-// Cluster is nodes sharing one store in dir, which Build filled.
+// Cluster is nodes sharing one store in dir.
 type Cluster struct {
 	dir   string
 	opts  Options
@@ -93,7 +95,7 @@ func (c *Cluster) Start(ctx context.Context, name string, groups ...string) (*No
 	if groups == nil {
 		gs = []byte("[]")
 	}
-	text := fmt.Sprintf(`plugin_dir = "bin/plugins"
+	text := fmt.Sprintf(`plugin_dir = %q
 [node]
 name = %q
 groups = %s
@@ -106,12 +108,12 @@ level = "warn"
 [plugins.shell]
 max_jobs = %d
 activity_timeout = %q
-`, name, gs, addr, c.opts.Workers, c.opts.ActivityTimeout)
+`, filepath.Join(c.opts.Bin, "plugins"), name, gs, addr, c.opts.Workers, c.opts.ActivityTimeout)
 	path := filepath.Join(c.dir, name+".toml")
 	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(filepath.Join(c.dir, "bin", "couchjobs"), "run", "-config", path)
+	cmd := exec.Command(filepath.Join(c.opts.Bin, "couchjobs"), "run", "-config", path)
 	cmd.Stdout, cmd.Stderr = c.opts.Log, c.opts.Log
 	if err := cmd.Start(); err != nil {
 		return nil, err
