@@ -2,12 +2,17 @@ package host
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/couchjobs/couchjobs/runtime/jobs"
 )
 
 type apiClient struct {
@@ -151,4 +156,40 @@ func TestAPI(t *testing.T) {
 func mustJSON(v any) []byte {
 	b, _ := json.Marshal(v)
 	return b
+}
+
+// TestAdmission adds jobs of a type that checks them at add time: a
+// refused job is not stored, an admitted one goes where the plugin placed
+// it, and a node without the plugin refuses the type's jobs instead of
+// storing them unchecked.
+func TestAdmission(t *testing.T) {
+	t.Parallel()
+	store := filepath.Join(t.TempDir(), "store.db")
+	n := startNodeOn(t, store, "n1", "[plugins.gatekeeper]\nactivity_timeout = \"900ms\"\n")
+	n.waitRunning(t, "gatekeeper")
+	c := n.api(t)
+	if d, err := n.Jobs().TypeTimeout(context.Background(), "gatekeeper"); err != nil || d != 900*time.Millisecond {
+		t.Fatalf("activity timeout %v, %v; runtime.toml says 900ms", d, err)
+	}
+	code, body := c.do("POST", "/jobs/gatekeeper", `{"id":"no","data":{"refuse":"widgets must be blue"}}`, true)
+	if code != 400 || !strings.Contains(fmt.Sprint(body["reason"]), "gatekeeper/no: widgets must be blue") {
+		t.Fatalf("refused add: %d %v", code, body)
+	}
+	if code, _ := c.do("GET", "/jobs/gatekeeper/no", "", false); code != 404 {
+		t.Fatalf("a refused job was stored: %d", code)
+	}
+	// Placed on this node, the job runs here and then moves itself on.
+	code, body = c.do("POST", "/jobs/gatekeeper", `{"id":"yes","data":{"place":"node:n1","move_to":"nodes:x,y"}}`, true)
+	if code != 201 {
+		t.Fatalf("admitted add: %d %v", code, body)
+	}
+	waitFor(t, 20*time.Second, "the job to move on", func() bool {
+		in := n.get(t, "gatekeeper", "yes")
+		return in.State == jobs.Pending && in.Placement == "nodes:x,y"
+	})
+	other := startNodeOn(t, store, "n2", "")
+	code, body = other.api(t).do("POST", "/jobs/gatekeeper", `{"id":"unchecked","data":{}}`, true)
+	if code != 503 || !strings.Contains(fmt.Sprint(body["reason"]), "needs plugin gatekeeper, which node n2 does not run") {
+		t.Fatalf("add through a node without the plugin: %d %v", code, body)
+	}
 }

@@ -25,6 +25,9 @@ type Options struct {
 	// stops it. Nil launches the plugin's binary as a process; sdktest
 	// serves a plugin in the test's own process instead.
 	Launch Launcher
+	// Store, if set, is used instead of the configured store, and not
+	// closed by the node: for tests that wrap a store (kvtest.Faulty).
+	Store kv.Store
 }
 
 // Launcher starts the plugin with the given name; see Options.Launch.
@@ -68,9 +71,14 @@ func NewNode(cfg *config.Config, log hclog.Logger, opts Options) (*Node, error) 
 	if opts.PluginStartTimeout <= 0 {
 		opts.PluginStartTimeout = 10 * time.Second
 	}
-	store, err := OpenStore(cfg, log)
-	if err != nil {
-		return nil, err
+	store := opts.Store
+	if store == nil {
+		var err error
+		if store, err = OpenStore(cfg, log); err != nil {
+			return nil, err
+		}
+	} else {
+		store = unclosed{store}
 	}
 	n := &Node{
 		cfg: cfg, opts: opts, log: log, store: store,
@@ -186,3 +194,8 @@ func (n *Node) Run(ctx context.Context) error {
 
 // String names the node in logs.
 func (n *Node) String() string { return fmt.Sprintf("node %s", n.cfg.Node.Name) }
+
+// unclosed is a store the node does not own: closing it does nothing.
+type unclosed struct{ kv.Store }
+
+func (unclosed) Close() error { return nil }

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +18,9 @@ import (
 	"github.com/couchjobs/couchjobs/host/config"
 	"github.com/couchjobs/couchjobs/runtime/jobs"
 	"github.com/couchjobs/couchjobs/runtime/kv"
+	"github.com/couchjobs/couchjobs/runtime/kv/kvtest"
+	"github.com/couchjobs/couchjobs/runtime/kv/sqlitekv"
+	"github.com/couchjobs/couchjobs/sdk"
 )
 
 // pluginDir holds the test plugin built under every name the tests use.
@@ -42,7 +46,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build the test plugin: %v\n%s", err, out)
 		os.Exit(1)
 	}
-	for _, name := range []string{"beta", "stdout", "hang", "cookie", "version", "crashy", "rejecting", "slowbeat"} {
+	for _, name := range []string{"beta", "stdout", "hang", "cookie", "version", "crashy", "rejecting", "slowbeat", "gatekeeper"} {
 		if err := os.Link(bin, filepath.Join(dir, "couchjobs-"+name)); err != nil {
 			panic(err)
 		}
@@ -62,10 +66,23 @@ type testNode struct {
 // ends.
 func startNode(t *testing.T, extra string) *testNode {
 	t.Helper()
+	return startNodeOn(t, filepath.Join(t.TempDir(), "store.db"), "n1", extra)
+}
+
+// startNodeOn runs a node named name on the store at path, which other
+// nodes of the test may share.
+func startNodeOn(t *testing.T, store, name, extra string) *testNode {
+	t.Helper()
+	return startNodeWith(t, store, name, extra, Options{})
+}
+
+// startNodeWith is startNodeOn with options.
+func startNodeWith(t *testing.T, store, name, extra string, opts Options) *testNode {
+	t.Helper()
 	text := fmt.Sprintf(`
 plugin_dir = %q
 [node]
-name = "n1"
+name = %q
 [store]
 path = %q
 [http]
@@ -75,7 +92,7 @@ admins = { admin = %q }
 min_backoff = "50ms"
 max_backoff = "200ms"
 shutdown_grace = "2s"
-`, pluginDir, filepath.Join(t.TempDir(), "store.db"), adminHash) + extra
+`, pluginDir, name, store, adminHash) + extra
 	cfg, err := config.Parse(filepath.Join(t.TempDir(), "runtime.toml"), []byte(text))
 	if err != nil {
 		t.Fatal(err)
@@ -85,7 +102,8 @@ shutdown_grace = "2s"
 		level = hclog.Debug
 	}
 	log := hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: level, Output: testWriter{t}})
-	n, err := NewNode(cfg, log, Options{PluginStartTimeout: 2 * time.Second})
+	opts.PluginStartTimeout = 2 * time.Second
+	n, err := NewNode(cfg, log, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -368,5 +386,49 @@ func TestCancelStopsTheRunAtOnce(t *testing.T) {
 	t.Logf("the run ended %v after the cancel", time.Since(canceled))
 	if in := n.get(t, "slowbeat", "long"); in.State != jobs.Finished || !in.Canceled {
 		t.Fatalf("canceled job: %+v", in)
+	}
+}
+
+// TestLeaseStopsACutOffRun cuts a node off from its store (its commits
+// hang) while a job runs: the SDK stops the run as lost before the
+// activity timeout could hand the job to another node, so the job never
+// runs in two places.
+func TestLeaseStopsACutOffRun(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	s, err := sqlitekv.Open(filepath.Join(dir, "store.db"), sqlitekv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	faulty := kvtest.NewFaulty(s)
+	n := startNodeWith(t, filepath.Join(dir, "store.db"), "n1", "[plugins.alpha]\n", Options{Store: faulty})
+	n.waitRunning(t, "alpha")
+	stopFile := filepath.Join(dir, "stopped")
+	n.add(t, "alpha", "cut", fmt.Sprintf(`{"sleep_ms":30000,"stop_file":%q}`, stopFile))
+	n.waitState(t, "alpha", "cut", jobs.Running)
+	var cut atomic.Bool
+	cut.Store(true)
+	t.Cleanup(func() { cut.Store(false) }) // before the node stops
+	faulty.SetInject(func(p kvtest.Point) error {
+		for p.Op == "commit" && cut.Load() {
+			time.Sleep(10 * time.Millisecond)
+		}
+		return nil
+	})
+	start := time.Now()
+	waitFor(t, 10*time.Second, "the run to stop", func() bool {
+		_, err := os.Stat(stopFile)
+		return err == nil
+	})
+	took := time.Since(start)
+	cut.Store(false)
+	if b, _ := os.ReadFile(stopFile); string(b) != string(sdk.StopLost) {
+		t.Fatalf("run stopped for %q", b)
+	}
+	// The type's activity timeout is 2 s: the lease ends at 80% of it
+	// after the last stored update, which was at most a heartbeat ago.
+	if took > 2*time.Second {
+		t.Fatalf("the run went on %v after its node was cut off", took)
 	}
 }

@@ -88,7 +88,7 @@ func TestKilledNodeOnLost(t *testing.T) {
 		}
 	}
 	// The killed node's `sleep 61` died with it: nothing writes "late".
-	if out, _ := exec("pgrep", "-f", "sleep 61"); strings.TrimSpace(out) != "" {
+	if out, _ := output("pgrep", "-f", "sleep 61"); strings.TrimSpace(out) != "" {
 		t.Errorf("commands of the killed node still run: %s", out)
 	}
 }
@@ -100,7 +100,7 @@ func (l testLog) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-func exec(name string, args ...string) (string, error) {
+func output(name string, args ...string) (string, error) {
 	out, err := osexec.Command(name, args...).Output()
 	return string(out), err
 }

@@ -12,6 +12,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -35,6 +36,8 @@ type spec struct {
 	IgnoreStop bool   `json:"ignore_stop"`
 	BigUpdate  int    `json:"big_update"`
 	Manage     bool   `json:"manage"`
+	MoveTo     string `json:"move_to"`
+	StopFile   string `json:"stop_file"`
 }
 
 // manage exercises every host service: it adds a child job of its own
@@ -110,6 +113,14 @@ func run(ctx context.Context, job *sdk.Job) error {
 			return err
 		}
 	}
+	if s.StopFile != "" {
+		// Records why the host stopped the run, when it does.
+		defer func() {
+			if reason, ok := sdk.Stopped(ctx); ok {
+				os.WriteFile(s.StopFile, []byte(reason), 0o644)
+			}
+		}()
+	}
 	if s.SleepMS > 0 {
 		t := time.NewTimer(time.Duration(s.SleepMS) * time.Millisecond)
 		defer t.Stop()
@@ -124,6 +135,9 @@ func run(ctx context.Context, job *sdk.Job) error {
 		}
 	}
 	switch {
+	case s.MoveTo != "":
+		// Hands the job to another placement, as a multi-node job does.
+		return sdk.ResubmitTo(time.Time{}, sdk.Placement(s.MoveTo))
 	case s.Panic != "":
 		panic(s.Panic)
 	case s.Fail != "":
@@ -134,6 +148,9 @@ func run(ctx context.Context, job *sdk.Job) error {
 	return job.SetResult(map[string]any{"done": true, "id": job.ID})
 }
 
+// admit is the Admit hook of the types that have one.
+var admit func(context.Context, *sdk.Admission) error
+
 func main() {
 	name := strings.TrimPrefix(filepath.Base(os.Args[0]), "couchjobs-")
 	// "slowbeat" has a long activity timeout, so heartbeats are rare.
@@ -141,10 +158,27 @@ func main() {
 	if name == "slowbeat" {
 		timeout = time.Minute
 	}
+	if name == "gatekeeper" {
+		// "gatekeeper" checks its jobs at add time: it refuses those with
+		// "refuse" and places those with "place".
+		admit = func(_ context.Context, a *sdk.Admission) error {
+			var d struct{ Refuse, Place string }
+			if err := json.Unmarshal(a.Data, &d); err != nil {
+				return err
+			}
+			if d.Refuse != "" {
+				return errors.New(d.Refuse)
+			}
+			if d.Place != "" {
+				a.Placement = sdk.Placement(d.Place)
+			}
+			return nil
+		}
+	}
 	p := &sdk.Plugin{
 		Name:    name,
 		Version: "0.0.1-test",
-		Types:   []sdk.Type{{Name: name, ActivityTimeout: timeout, Worker: sdk.WorkerFunc(run)}},
+		Types:   []sdk.Type{{Name: name, ActivityTimeout: timeout, Worker: sdk.WorkerFunc(run), Admit: admit}},
 		Configure: func(_ context.Context, c *sdk.Config) error {
 			var cfg struct {
 				Reject string `json:"reject"`

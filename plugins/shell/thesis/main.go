@@ -114,7 +114,14 @@ type outcome struct {
 }
 
 func measure(ctx context.Context, dir, bin string, sc scenario, sleep float64, logs io.Writer) (outcome, error) {
-	c, err := cluster.New(dir, cluster.Options{Bin: bin, Workers: 2, ActivityTimeout: 2 * time.Second, Log: logs})
+	// The plugin's own activity timeout (30 s: a heartbeat every 10 s),
+	// except where a node is killed: there 5 s, so that its steps move on
+	// quickly.
+	timeout := shell.ActivityTimeout
+	if sc.kill {
+		timeout = 5 * time.Second
+	}
+	c, err := cluster.New(dir, cluster.Options{Bin: bin, Workers: 2, ActivityTimeout: timeout, Log: logs})
 	if err != nil {
 		return outcome{}, err
 	}
