@@ -175,14 +175,13 @@ func (r *runner) attempts(ctx context.Context, st *Step) (ok bool, err error) {
 			st.Error = fmt.Sprintf("%s; max_time %gs leaves no time for another attempt", st.Error, st.Retry.MaxTime)
 			return false, nil
 		}
-		if pause < localPause {
-			if err := sleep(ctx, pause); err != nil {
-				return false, r.stopped(ctx)
-			}
+		if pause < localPause && sleep(ctx, pause) == nil {
 			continue
 		}
 		// A longer pause frees the worker: the job waits in the queue,
-		// and any node the target allows takes the next attempt.
+		// and any node the target allows takes the next attempt. So does
+		// a run stopped during a short pause: the attempt ended, so the
+		// step is not lost.
 		st.StepStatus, st.RetryAt = StatusWaitingRetry, &at
 		return false, r.resubmit(at, st.Target.Placement())
 	}
