@@ -85,6 +85,9 @@ func (n *Node) Handler() http.Handler {
 	mux.HandleFunc("POST /jobs/{type}/{id}/_cancel", n.admin(n.cancelJob))
 	mux.HandleFunc("POST /jobs/{type}/{id}/_resubmit", n.admin(n.resubmitJob))
 	mux.HandleFunc("GET /jobs/{type}/{id}/_wait", n.waitJob)
+	mux.HandleFunc("GET /shares", n.getShares)
+	mux.HandleFunc("PUT /shares/{group}", n.admin(n.putShares))
+	mux.HandleFunc("DELETE /shares/{group}", n.admin(n.deleteShares))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
 	})
@@ -428,6 +431,23 @@ func (n *Node) getMetrics(w http.ResponseWriter, r *http.Request) {
 	sort.Slice(ps, func(i, j int) bool { return ps[i].Name < ps[j].Name })
 	for _, p := range ps {
 		fmt.Fprintf(&b, "couchjobs_plugin_restarts_total{plugin=%q} %d\n", p.Name, p.Restarts)
+	}
+	if groups, err := n.Groups(r.Context()); err == nil {
+		for _, m := range []struct {
+			name, help string
+			value      func(GroupJSON) float64
+		}{
+			{"couchjobs_group_shares", "Shares of each share group.", func(g GroupJSON) float64 { return float64(g.Shares) }},
+			{"couchjobs_group_usage_seconds", "Decayed run time charged to each share group.", func(g GroupJSON) float64 { return g.Usage }},
+			{"couchjobs_group_running", "Running jobs of each share group in the cluster.", func(g GroupJSON) float64 { return float64(g.Running) }},
+			{"couchjobs_group_pending", "Pending jobs of each share group (counted up to 100000 per type).", func(g GroupJSON) float64 { return float64(g.Pending) }},
+			{"couchjobs_group_effective_share", "Each share group's fraction of the cluster's usage.", func(g GroupJSON) float64 { return g.EffectiveShare }},
+		} {
+			fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s gauge\n", m.name, m.help, m.name)
+			for _, g := range groups {
+				fmt.Fprintf(&b, "%s{group=%q} %g\n", m.name, g.Name, m.value(g))
+			}
+		}
 	}
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 	io.WriteString(w, b.String())

@@ -193,3 +193,82 @@ func TestAdmission(t *testing.T) {
 		t.Fatalf("add through a node without the plugin: %d %v", code, body)
 	}
 }
+
+// TestShares runs jobs of a share group and checks that the node's
+// accounting reaches GET /shares and /metrics, that shares are set and
+// reset through the API (admins only, 1 to 1000), and that runtime.toml
+// seeds them.
+func TestShares(t *testing.T) {
+	t.Parallel()
+	// The extra lines continue the test node's [scheduler] table.
+	n := startNode(t, "interval = \"100ms\"\n[scheduler.shares]\nseeded = 300\n[plugins.alpha]\n")
+	n.waitRunning(t, "alpha")
+	c := n.api(t)
+	for i := range 3 {
+		if code, body := c.do("POST", "/jobs/alpha", fmt.Sprintf(`{"id":"s%d","group":"g1","data":{"sleep_ms":3000}}`, i), true); code != 201 {
+			t.Fatalf("add: %d %v", code, body)
+		}
+	}
+	// g2's job is not due: it does not count as waiting.
+	c.do("POST", "/jobs/alpha", `{"id":"later","group":"g2","at":"2099-01-01T00:00:00Z"}`, true)
+	// g3's job waits for a plugin no node runs: it counts.
+	n.Jobs().SetTypeTimeout(context.Background(), "nobody", time.Minute)
+	n.Jobs().Add(context.Background(), jobs.NewJob{Type: "nobody", ID: "w", Group: "g3"})
+	group := func(name string) map[string]any {
+		_, body := c.do("GET", "/shares", "", false)
+		for _, g := range body["groups"].([]any) {
+			if g := g.(map[string]any); g["group"] == name {
+				return g
+			}
+		}
+		return nil
+	}
+	waitFor(t, 10*time.Second, "g1's running jobs and usage to be published", func() bool {
+		g := group("g1")
+		return g != nil && g["running"] == 3.0 && g["usage"].(float64) > 0.1
+	})
+	if g := group("seeded"); g == nil || g["shares"] != 300.0 {
+		t.Fatalf("seeded group: %v", g)
+	}
+	// 3 running jobs shared by g1 (3 wanted) and g3 (1 wanted): 2 and 1.
+	if g := group("g1"); g["shares"] != 100.0 || g["effective_share"] != 1.0 || g["target"] != 2.0 {
+		t.Fatalf("g1: %v", g)
+	}
+	if g := group("g3"); g["pending"] != 1.0 || g["target"] != 1.0 {
+		t.Fatalf("g3: %v", g)
+	}
+	if g := group("g2"); g != nil {
+		t.Fatalf("g2, with only a job due in 2099: %v", g)
+	}
+	if code, _ := c.do("PUT", "/shares/g1", `{"shares":250}`, false); code != 401 {
+		t.Fatalf("unauthenticated shares change: %d", code)
+	}
+	for _, bad := range []string{`{"shares":0}`, `{"shares":1001}`, `{"shares":"many"}`, `{"share":5}`} {
+		if code, body := c.do("PUT", "/shares/g1", bad, true); code != 400 {
+			t.Errorf("PUT %s: %d %v", bad, code, body)
+		}
+	}
+	if code, body := c.do("PUT", "/shares/g1", `{"shares":250}`, true); code != 200 || body["shares"] != 250.0 {
+		t.Fatalf("set shares: %d %v", code, body)
+	}
+	if g := group("g1"); g["shares"] != 250.0 {
+		t.Fatalf("after the change: %v", g)
+	}
+	resp, err := http.Get(c.base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`couchjobs_group_shares{group="g1"} 250`, `couchjobs_group_running{group="g1"} 3`, `couchjobs_group_pending{group="g3"} 1`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if code, _ := c.do("DELETE", "/shares/g1", "", true); code != 200 {
+		t.Fatalf("reset: %d", code)
+	}
+	if g := group("g1"); g["shares"] != 100.0 {
+		t.Fatalf("after the reset: %v", g)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/couchjobs/couchjobs/host/config"
 	"github.com/couchjobs/couchjobs/runtime/jobs"
 	"github.com/couchjobs/couchjobs/runtime/kv"
+	"github.com/couchjobs/couchjobs/runtime/sched"
 	"github.com/couchjobs/couchjobs/sdk"
 )
 
@@ -45,6 +46,10 @@ type Node struct {
 	slots   chan struct{}
 	plugins []*plugin
 	metrics metrics
+	// shares is the cluster's fair-share state; acct this node's
+	// accounting of its runs.
+	shares  *sched.Store
+	acct    *sched.Node
 	apiAddr atomic.Pointer[string] // where the API listens, once it does
 	// verified remembers admin credentials bcrypt accepted, by the SHA-256
 	// of name and password.
@@ -85,6 +90,8 @@ func NewNode(cfg *config.Config, log hclog.Logger, opts Options) (*Node, error) 
 		jobs:  jobs.New(store, jobs.Options{Logger: log}),
 		slots: make(chan struct{}, cfg.Scheduler.MaxJobs),
 	}
+	params := schedParams(n)
+	n.shares, n.acct = sched.NewStore(store, params, nil), sched.NewNode(params)
 	names := make([]string, 0, len(cfg.Plugins))
 	for name, p := range cfg.Plugins {
 		if p.On() {
@@ -172,6 +179,7 @@ func (n *Node) Run(ctx context.Context) error {
 	}
 	wg.Go(func() { n.heartbeat(runCtx) })
 	wg.Go(func() { n.jobs.RunMonitors(runCtx) })
+	wg.Go(func() { n.accounting(runCtx) })
 	for _, p := range n.plugins {
 		wg.Go(func() { p.run(runCtx, acceptCtx) })
 	}

@@ -141,8 +141,10 @@ func (s *session) acceptor(ctx context.Context, t *pluginv1.JobType) {
 		n.metrics.observeAccept(time.Since(start), len(accepted))
 		msg := &pluginv1.HostMessage{}
 		heartbeat := t.ActivityTimeoutMs / 3
+		now := time.Now()
 		for _, job := range accepted {
 			r := s.add(job)
+			n.acct.Start(runID(job), job.Group, t.Continuous, now)
 			msg.Starts = append(msg.Starts, &pluginv1.StartJob{
 				Handle: r.handle, Type: job.Type, Id: job.ID, Data: job.Data,
 				Priority: job.Priority, Group: job.Group, HeartbeatMs: heartbeat,
@@ -243,7 +245,7 @@ func (s *session) add(job *jobs.Job) *hostRun {
 // remove forgets a run and frees its slot.
 func (s *session) remove(h uint64) {
 	s.mu.Lock()
-	_, ok := s.runs[h]
+	r, ok := s.runs[h]
 	delete(s.runs, h)
 	if ok && s.draining && len(s.runs) == 0 && s.idle != nil {
 		close(s.idle)
@@ -251,6 +253,7 @@ func (s *session) remove(h uint64) {
 	}
 	s.mu.Unlock()
 	if ok {
+		s.p.n.acct.Stop(runID(r.job), time.Now())
 		s.p.release(1)
 	}
 }

@@ -98,6 +98,15 @@ type Scheduler struct {
 	// ShutdownGrace is how long running jobs get to checkpoint and stop on
 	// SIGTERM before they are handed back to the queue; default 10s.
 	ShutdownGrace Duration `toml:"shutdown_grace"`
+	// Interval is the fair-share accounting period: the node rolls its
+	// groups' usage up and publishes it once per interval; default 15s
+	// (CouchDB 4.x). Set it alike on every node.
+	Interval Duration `toml:"interval"`
+	// UsageCoeff decays a group's usage each interval; default 0.5.
+	UsageCoeff float64 `toml:"usage_coeff"`
+	// Shares seeds share groups' shares (1 to 1000; default 100) where
+	// none was set at run time (couchjobs shares set).
+	Shares map[string]int `toml:"shares"`
 }
 
 // HTTP configures the node's HTTP API.
@@ -251,6 +260,26 @@ func (c *Config) validate() error {
 	}
 	if c.Scheduler.ShutdownGrace.Duration == 0 {
 		c.Scheduler.ShutdownGrace.Duration = 10 * time.Second
+	}
+	if c.Scheduler.Interval.Duration == 0 {
+		c.Scheduler.Interval.Duration = 15 * time.Second
+	}
+	if c.Scheduler.Interval.Duration < 10*time.Millisecond {
+		return fmt.Errorf("scheduler.interval: %v is under 10ms", c.Scheduler.Interval)
+	}
+	if c.Scheduler.UsageCoeff == 0 {
+		c.Scheduler.UsageCoeff = 0.5
+	}
+	if u := c.Scheduler.UsageCoeff; u < 0 || u >= 1 {
+		return fmt.Errorf("scheduler.usage_coeff: %g is outside [0, 1)", u)
+	}
+	for g, v := range c.Scheduler.Shares {
+		if g == "" {
+			return fmt.Errorf("scheduler.shares: a group name is empty")
+		}
+		if v < 1 || v > 1000 {
+			return fmt.Errorf("scheduler.shares.%s: %d is outside 1..1000", g, v)
+		}
 	}
 	if c.HTTP.Listen == "" {
 		c.HTTP.Listen = DefaultListen

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -432,4 +433,61 @@ func passwdCommand(args []string, in io.Reader, out io.Writer) error {
 	}
 	fmt.Fprintln(out, string(h))
 	return nil
+}
+
+// sharesCommand shows and sets share groups' shares, cluster-wide.
+func sharesCommand(ctx context.Context, args []string, out io.Writer) error {
+	if len(args) < 1 {
+		return errors.New("shares: want ls, set or reset")
+	}
+	fs := flag.NewFlagSet("shares "+args[0], flag.ContinueOnError)
+	connect := clientFlags(fs)
+	switch args[0] {
+	case "ls":
+		_, c, err := setup(fs, connect, args[1:], out)
+		if err != nil {
+			return err
+		}
+		var r struct {
+			Groups []host.GroupJSON `json:"groups"`
+		}
+		if err := c.call(ctx, "GET", "/shares", nil, &r); err != nil {
+			return err
+		}
+		if c.json {
+			return c.printJSON(r)
+		}
+		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "GROUP\tSHARES\tUSAGE\tRUNNING\tPENDING\tTARGET\tEFFECTIVE")
+		for _, g := range r.Groups {
+			fmt.Fprintf(tw, "%s\t%d\t%.1fs\t%d\t%d\t%.1f\t%.1f%%\n", g.Name, g.Shares, g.Usage, g.Running, g.Pending, g.Target, 100*g.EffectiveShare)
+		}
+		return tw.Flush()
+	case "set":
+		pos, c, err := setup(fs, connect, args[1:], out, "GROUP", "SHARES")
+		if err != nil {
+			return err
+		}
+		n, err := strconv.Atoi(pos[1])
+		if err != nil {
+			return fmt.Errorf("shares set: %q is not a number of shares (1 to 1000)", pos[1])
+		}
+		var r struct{ Shares int }
+		if err := c.call(ctx, "PUT", "/shares/"+url.PathEscape(pos[0]), map[string]int{"shares": n}, &r); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "group %s: %d shares\n", pos[0], r.Shares)
+		return nil
+	case "reset":
+		pos, c, err := setup(fs, connect, args[1:], out, "GROUP")
+		if err != nil {
+			return err
+		}
+		if err := c.call(ctx, "DELETE", "/shares/"+url.PathEscape(pos[0]), nil, nil); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "group %s: default shares (%d)\n", pos[0], 100)
+		return nil
+	}
+	return fmt.Errorf("shares: unknown command %q (want ls, set or reset)", args[0])
 }

@@ -81,6 +81,12 @@ func TestJobCommands(t *testing.T) {
 	must("resubmit alpha/later: ok", "jobs", "resubmit", "alpha", "later", "-at", "2h")
 	must("rm alpha/later: ok", "jobs", "rm", "alpha", "later")
 	must("running", "plugins", "ls")
+	// Shares: set, listed, reset.
+	must("group replication-db: 400 shares", "shares", "set", "replication-db", "400")
+	if out := must("GROUP", "shares", "ls"); !strings.Contains(out, "replication-db") || !strings.Contains(out, "400") {
+		t.Errorf("shares ls:\n%s", out)
+	}
+	must("default shares", "shares", "reset", "replication-db")
 	// A failed job makes wait fail, saying why.
 	must("added", "jobs", "add", "alpha", "bad", "-data", `{"fail":"no input"}`)
 	if _, err := cli("jobs", "wait", "alpha", "bad", "-timeout", "30s"); err == nil || !strings.Contains(err.Error(), "failed: no input") {
@@ -96,6 +102,9 @@ func TestJobCommands(t *testing.T) {
 		{[]string{"jobs", "add", "alpha", "x", "-data", "{"}, "-data is not valid JSON"},
 		{[]string{"jobs", "add", "alpha", "x", "-at", "tomorrow"}, "RFC 3339"},
 		{[]string{"jobs", "frob"}, "unknown command"},
+		{[]string{"shares", "set", "g", "lots"}, "not a number of shares"},
+		{[]string{"shares", "set", "g", "0"}, "shares 0: want 1 to 1000"},
+		{[]string{"shares", "set", "g"}, "want GROUP SHARES"},
 	} {
 		if _, err := cli(c.args...); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: error %v, want %q", c.args, err, c.want)

@@ -41,6 +41,8 @@ Commands:
   jobs resubmit TYPE ID [-at WHEN] [-data JSON]
   jobs wait TYPE ID [-state S] [-timeout D]   follow a job, showing its progress
   plugins ls     the node's plugins and their health
+  shares ls      share groups: shares, usage, running and pending jobs, fair target
+  shares set GROUP N | shares reset GROUP   a group's shares (1 to 1000; default 100), cluster-wide
   passwd         print the bcrypt hash of a password read from stdin, for [http].admins
   store status   show the store a runtime.toml names: backend, keys, commits, size
   store check    verify the store's files (the embedded store's integrity check)
@@ -72,6 +74,8 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return jobsCommand(ctx, args[1:], out)
 	case "plugins":
 		return pluginsCommand(ctx, args[1:], out)
+	case "shares":
+		return sharesCommand(ctx, args[1:], out)
 	case "passwd":
 		return passwdCommand(args[1:], os.Stdin, out)
 	case "store":

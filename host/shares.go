@@ -1,0 +1,159 @@
+package host
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/couchjobs/couchjobs/runtime/jobs"
+	"github.com/couchjobs/couchjobs/runtime/sched"
+)
+
+// Fair-share accounting: the node charges its runs' real run time to their
+// share groups and publishes its usage once per interval (runtime/sched);
+// the API and the CLI show and set shares cluster-wide.
+
+// schedParams returns the fair-share parameters of the configuration.
+func schedParams(n *Node) sched.Params {
+	return sched.Params{Interval: n.cfg.Scheduler.Interval.Duration, UsageCoeff: n.cfg.Scheduler.UsageCoeff}
+}
+
+// accounting seeds the configured shares, then publishes the node's usage
+// every interval until ctx is done, and once more on the way out so that
+// its stopped runs stop counting at once.
+func (n *Node) accounting(ctx context.Context) {
+	if err := n.shares.SeedShares(ctx, n.cfg.Scheduler.Shares); err != nil && ctx.Err() == nil {
+		n.log.Error("seeding scheduler.shares failed", "error", err)
+	}
+	t := time.NewTicker(n.cfg.Scheduler.Interval.Duration)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			pctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			n.shares.Publish(pctx, n.cfg.Node.Name, n.acct.Tick(time.Now()))
+			cancel()
+			return
+		case now := <-t.C:
+			if err := n.shares.Publish(ctx, n.cfg.Node.Name, n.acct.Tick(now)); err != nil && ctx.Err() == nil {
+				n.log.Warn("publishing fair-share usage failed", "error", err)
+			}
+		}
+	}
+}
+
+// runID names a run in the node's accounting.
+func runID(j *jobs.Job) string { return j.Type + "/" + j.ID }
+
+// GroupJSON is a share group as the API shows it.
+type GroupJSON struct {
+	sched.Group
+	// Target is the group's fair number of running jobs in the cluster.
+	Target float64 `json:"target"`
+	// EffectiveShare is the group's fraction of the cluster's usage.
+	EffectiveShare float64 `json:"effective_share"`
+}
+
+// pendingScanLimit bounds the pending jobs GET /shares counts per type.
+const pendingScanLimit = 100_000
+
+// Groups returns every share group the cluster knows of: with shares set,
+// usage recorded, or jobs waiting to run (due, counted up to 100,000 per
+// type).
+func (n *Node) Groups(ctx context.Context) ([]GroupJSON, error) {
+	groups, err := n.shares.Groups(ctx)
+	if err != nil {
+		return nil, err
+	}
+	types, err := n.jobs.Types(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range types {
+		seen := 0
+		now := time.Now()
+		err := n.jobs.Fold(ctx, t.Name, jobs.ListOptions{State: jobs.Pending, Limit: 1000}, func(in jobs.Info) error {
+			if in.Due.After(now) {
+				return nil // scheduled for later: not waiting yet
+			}
+			g := groups[in.Group]
+			if g == nil {
+				g = &sched.Group{Name: in.Group, Shares: sched.DefaultShares}
+				groups[in.Group] = g
+			}
+			g.Pending++
+			if seen++; seen >= pendingScanLimit {
+				return errStopFold
+			}
+			return nil
+		})
+		if err != nil && err != errStopFold {
+			return nil, err
+		}
+	}
+	targets, effective := sched.Targets(groups)
+	out := []GroupJSON{}
+	for _, g := range sched.Sorted(groups) {
+		out = append(out, GroupJSON{Group: *g, Target: targets[g.Name], EffectiveShare: effective[g.Name]})
+	}
+	return out, nil
+}
+
+func (n *Node) getShares(w http.ResponseWriter, r *http.Request) {
+	groups, err := n.Groups(r.Context())
+	if err != nil {
+		writeJobError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"groups": groups})
+}
+
+// SharesRequest sets a group's shares.
+type SharesRequest struct {
+	Shares int `json:"shares"`
+}
+
+func (n *Node) putShares(w http.ResponseWriter, r *http.Request) {
+	var req SharesRequest
+	if !readJSON(w, r, &req) {
+		return
+	}
+	group := r.PathValue("group")
+	if err := validGroup(group); err != nil {
+		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
+		return
+	}
+	if req.Shares < sched.MinShares || req.Shares > sched.MaxShares {
+		writeError(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("shares %d: want %d to %d", req.Shares, sched.MinShares, sched.MaxShares))
+		return
+	}
+	v, err := n.shares.SetShares(r.Context(), group, req.Shares)
+	if err != nil {
+		writeJobError(w, err)
+		return
+	}
+	n.log.Info("shares set", "group", group, "shares", v)
+	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "group": group, "shares": v})
+}
+
+func (n *Node) deleteShares(w http.ResponseWriter, r *http.Request) {
+	group := r.PathValue("group")
+	if err := validGroup(group); err != nil {
+		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
+		return
+	}
+	if err := n.shares.ResetShares(r.Context(), group); err != nil {
+		writeJobError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"ok": true, "group": group, "shares": sched.DefaultShares})
+}
+
+// validGroup checks a share group name as the job layer does.
+func validGroup(g string) error {
+	if g == "" || len(g) > jobs.MaxTypeSize {
+		return fmt.Errorf("share group %q: want 1 to %d bytes", g, jobs.MaxTypeSize)
+	}
+	return nil
+}

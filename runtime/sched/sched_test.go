@@ -1,0 +1,190 @@
+package sched
+
+import (
+	"context"
+	"math"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/couchjobs/couchjobs/runtime/kv/sqlitekv"
+)
+
+var ctx = context.Background()
+
+// clock is an injected clock.
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time          { return c.t }
+func (c *clock) advance(d time.Duration) { c.t = c.t.Add(d) }
+
+func newStore(t *testing.T) (*Store, *clock) {
+	t.Helper()
+	s, err := sqlitekv.Open(filepath.Join(t.TempDir(), "s.db"), sqlitekv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	c := &clock{t: time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)}
+	p, _ := Params{Interval: time.Minute}.WithDefaults()
+	return NewStore(s, p, c.now), c
+}
+
+func near(t *testing.T, what string, got, want float64) {
+	t.Helper()
+	if math.Abs(got-want) > 1e-6*math.Max(1, math.Abs(want)) {
+		t.Errorf("%s = %g, want %g", what, got, want)
+	}
+}
+
+func TestShares(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	for _, tc := range []struct {
+		set, want int
+	}{{250, 250}, {0, 1}, {-5, 1}, {5000, 1000}, {1, 1}, {1000, 1000}} {
+		got, err := s.SetShares(ctx, "g", tc.set)
+		if err != nil || got != tc.want {
+			t.Fatalf("set %d: %d, %v; want %d", tc.set, got, err, tc.want)
+		}
+		gs, _ := s.Groups(ctx)
+		if gs["g"].Shares != tc.want {
+			t.Fatalf("set %d: stored %d", tc.set, gs["g"].Shares)
+		}
+	}
+	if _, err := s.SetShares(ctx, "", 10); err == nil {
+		t.Fatal("a group without a name got shares")
+	}
+	// The seed fills in groups without shares and keeps the others.
+	if err := s.SeedShares(ctx, map[string]int{"g": 7, "h": 300, "i": 9999}); err != nil {
+		t.Fatal(err)
+	}
+	gs, _ := s.Groups(ctx)
+	if gs["g"].Shares != 1000 || gs["h"].Shares != 300 || gs["i"].Shares != 1000 {
+		t.Fatalf("after the seed: g %d, h %d, i %d", gs["g"].Shares, gs["h"].Shares, gs["i"].Shares)
+	}
+	if err := s.ResetShares(ctx, "h"); err != nil {
+		t.Fatal(err)
+	}
+	if gs, _ := s.Groups(ctx); gs["h"] != nil {
+		t.Fatalf("a reset group with no usage is still listed: %+v", gs["h"])
+	}
+}
+
+// Usage sums the nodes' records, each decayed by its age as if the nodes
+// had kept publishing it; a stopped node's running jobs stop counting, and
+// its records go once they no longer matter.
+func TestUsageAcrossNodes(t *testing.T) {
+	t.Parallel()
+	s, c := newStore(t)
+	if err := s.Publish(ctx, "a", map[string]Report{"g": {Usage: 100, Running: 3}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Publish(ctx, "b", map[string]Report{"g": {Usage: 50, Running: 1}, "h": {Usage: 10}}); err != nil {
+		t.Fatal(err)
+	}
+	gs, _ := s.Groups(ctx)
+	near(t, "g's usage", gs["g"].Usage, 150)
+	if gs["g"].Running != 4 || gs["g"].Shares != DefaultShares || gs["h"].Running != 0 {
+		t.Fatalf("groups %+v %+v", gs["g"], gs["h"])
+	}
+	// A node's new report replaces its old one.
+	c.advance(time.Minute)
+	s.Publish(ctx, "a", map[string]Report{"g": {Usage: 60, Running: 2}})
+	gs, _ = s.Groups(ctx)
+	near(t, "g's usage a minute later", gs["g"].Usage, 60+50*0.5)
+	// Node b stopped: after 3 intervals its jobs no longer count.
+	c.advance(3 * time.Minute)
+	s.Publish(ctx, "a", map[string]Report{"g": {Usage: 60, Running: 2}})
+	gs, _ = s.Groups(ctx)
+	if gs["g"].Running != 2 {
+		t.Fatalf("running %d counts a stopped node's jobs", gs["g"].Running)
+	}
+	near(t, "g's usage with b's decayed", gs["g"].Usage, 60+50*math.Pow(0.5, 4))
+	// Much later, b's records are negligible and cleared.
+	c.advance(time.Hour)
+	s.Publish(ctx, "a", nil)
+	if gs, _ := s.Groups(ctx); len(gs) != 0 {
+		t.Fatalf("groups left: %v", gs)
+	}
+}
+
+// A node charges real run time, and its usage decays by UsageCoeff per
+// interval once its jobs stop: couch_replicator_share's decay.
+func TestNodeAccounting(t *testing.T) {
+	t.Parallel()
+	p, _ := Params{Interval: time.Minute}.WithDefaults()
+	n := NewNode(p)
+	t0 := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
+	n.Start("shell/a", "g", false, t0)
+	n.Start("shell/b", "g", true, t0.Add(30*time.Second))
+	n.Start("shell/c", "h", true, t0)
+	rep := n.Tick(t0.Add(time.Minute))
+	near(t, "g's usage after a minute", rep["g"].Usage, 90)
+	if rep["g"].Running != 2 || rep["h"].Running != 1 {
+		t.Fatalf("reports %+v", rep)
+	}
+	if ran, ok := n.Stop("shell/a", t0.Add(90*time.Second)); !ok || ran != 90*time.Second {
+		t.Fatalf("stop: %v %v", ran, ok)
+	}
+	if _, ok := n.Stop("shell/a", t0.Add(90*time.Second)); ok {
+		t.Fatal("stopped a run twice")
+	}
+	n.Stop("shell/b", t0.Add(2*time.Minute))
+	n.Stop("shell/c", t0.Add(2*time.Minute))
+	rep = n.Tick(t0.Add(2 * time.Minute))
+	near(t, "g's usage after two minutes", rep["g"].Usage, 90*0.5+30+60)
+	for i := 1; i <= 3; i++ {
+		rep = n.Tick(t0.Add(time.Duration(2+i) * time.Minute))
+		near(t, "g's usage, idle", rep["g"].Usage, 135*math.Pow(0.5, float64(i)))
+	}
+	if rep["g"].Running != 0 || len(n.Runs()) != 0 {
+		t.Fatalf("runs left: %v", n.Runs())
+	}
+}
+
+func TestTargets(t *testing.T) {
+	t.Parallel()
+	g := func(shares, running, pending int, usage float64) *Group {
+		return &Group{Shares: shares, Running: running, Pending: pending, Usage: usage}
+	}
+	for _, tc := range []struct {
+		name   string
+		groups map[string]*Group
+		want   map[string]float64
+	}{
+		{"unequal shares, equal jobs", map[string]*Group{"high": g(200, 10, 40, 0), "low": g(100, 20, 30, 0)},
+			map[string]float64{"high": 20, "low": 10}},
+		{"three groups", map[string]*Group{"a": g(200, 10, 50, 0), "b": g(100, 10, 50, 0), "c": g(50, 15, 50, 0)},
+			map[string]float64{"a": 20, "b": 10, "c": 5}},
+		{"a group wants less than its share", map[string]*Group{"a": g(100, 2, 0, 0), "b": g(100, 10, 50, 0), "c": g(100, 8, 50, 0)},
+			map[string]float64{"a": 2, "b": 9, "c": 9}},
+		{"least shares still get some", map[string]*Group{"rich": g(1000, 5, 50, 0), "poor": g(1, 0, 1, 0)},
+			map[string]float64{"rich": 5 * 1000.0 / 1001, "poor": 5 * 1.0 / 1001}},
+		{"nothing waits", map[string]*Group{"a": g(100, 3, 0, 0), "b": g(300, 1, 0, 0)},
+			map[string]float64{"a": 3, "b": 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, _ := Targets(tc.groups)
+			for name, want := range tc.want {
+				near(t, name+"'s target", got[name], want)
+			}
+		})
+	}
+	_, eff := Targets(map[string]*Group{"a": g(100, 1, 0, 30), "b": g(100, 1, 0, 10), "c": g(100, 0, 0, 0)})
+	near(t, "a's effective share", eff["a"], 0.75)
+	near(t, "c's effective share", eff["c"], 0)
+}
+
+func TestParams(t *testing.T) {
+	t.Parallel()
+	p, err := Params{}.WithDefaults()
+	if err != nil || p.Interval != 15*time.Second || p.UsageCoeff != 0.5 {
+		t.Fatalf("defaults %+v, %v", p, err)
+	}
+	for _, bad := range []Params{{Interval: time.Millisecond}, {UsageCoeff: 1}, {UsageCoeff: -0.1}} {
+		if _, err := bad.WithDefaults(); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
