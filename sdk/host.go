@@ -21,6 +21,9 @@ type Host struct{ c pluginv1.HostClient }
 // ErrNotFound: no such job (or key).
 var ErrNotFound = errors.New("sdk: not found")
 
+// ErrExists: an exclusive AddJob found the job already there.
+var ErrExists = errors.New("sdk: the job exists")
+
 // KeyValue is one pair of the plugin's subspace.
 type KeyValue struct {
 	Key, Value []byte
@@ -142,6 +145,8 @@ func hostError(err error) error {
 		switch s.Code() {
 		case codes.NotFound:
 			return fmt.Errorf("%w: %s", ErrNotFound, s.Message())
+		case codes.AlreadyExists:
+			return fmt.Errorf("%w: %s", ErrExists, s.Message())
 		case codes.InvalidArgument, codes.PermissionDenied, codes.FailedPrecondition:
 			return errors.New(s.Message())
 		}

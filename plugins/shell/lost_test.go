@@ -10,8 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/couchjobs/couchjobs/plugins/internal/cluster"
 	"github.com/couchjobs/couchjobs/plugins/shell"
-	"github.com/couchjobs/couchjobs/plugins/shell/internal/cluster"
+	"github.com/couchjobs/couchjobs/plugins/shell/internal/shelltest"
 	"github.com/couchjobs/couchjobs/runtime/jobs"
 )
 
@@ -26,10 +27,10 @@ func TestKilledNodeOnLost(t *testing.T) {
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	if err := cluster.Build(ctx, filepath.Join(dir, "bin")); err != nil {
+	if err := cluster.Build(ctx, filepath.Join(dir, "bin"), shelltest.Plugin); err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.New(dir, cluster.Options{Bin: filepath.Join(dir, "bin"), Workers: 3, ActivityTimeout: time.Second, Log: testLog{t}})
+	c, err := cluster.New(dir, cluster.Options{Bin: filepath.Join(dir, "bin"), Plugin: "shell", Workers: 3, ActivityTimeout: time.Second, Log: testLog{t}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,13 +48,13 @@ func TestKilledNodeOnLost(t *testing.T) {
 	}
 	policies := []string{shell.OnLostRetry, shell.OnLostAltDo, shell.OnLostFail}
 	for _, p := range policies {
-		if err := c.Add(ctx, p, jsonObject(step(p, filepath.Join(dir, p)))); err != nil {
+		if err := shelltest.Add(ctx, c, p, jsonObject(step(p, filepath.Join(dir, p)))); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, p := range policies {
 		for {
-			d, _, err := c.Doc(ctx, p)
+			d, _, err := shelltest.Doc(ctx, c, p)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -67,7 +68,7 @@ func TestKilledNodeOnLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.Kill()
-	if err := c.WaitFinished(ctx, policies...); err != nil {
+	if err := c.WaitFinished(ctx, shell.TypeName, policies...); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -77,7 +78,7 @@ func TestKilledNodeOnLost(t *testing.T) {
 		{shell.OnLostAltDo, shell.JobSuccess, shell.StatusAltSuccess, "a\nalt-b\nnext\n"},
 		{shell.OnLostFail, shell.JobFailed, shell.StatusLost, "a\n"},
 	} {
-		d, state, _ := c.Doc(ctx, tc.policy)
+		d, state, _ := shelltest.Doc(ctx, c, tc.policy)
 		st := d.Job[0]
 		b, _ := os.ReadFile(filepath.Join(dir, tc.policy))
 		if state != jobs.Finished || *d.JobStatus != tc.status || st.StepStatus != tc.step0 || st.Lost != 1 || string(b) != tc.ran {

@@ -307,3 +307,46 @@ func (c *Client) Security(ctx context.Context, db string) (json.RawMessage, erro
 func (c *Client) PutSecurity(ctx context.Context, db string, sec any) error {
 	return c.do(ctx, "PUT", c.path(db, "_security"), nil, sec, &struct{}{})
 }
+
+// Row is a row of _all_docs.
+type Row struct {
+	ID    string `json:"id"`
+	Value struct {
+		Rev     string `json:"rev"`
+		Deleted bool   `json:"deleted,omitempty"`
+	} `json:"value"`
+	Doc json.RawMessage `json:"doc,omitempty"`
+}
+
+// AllDocs lists a database's documents with ids in [start, end] (empty:
+// unbounded), with their bodies if includeDocs.
+func (c *Client) AllDocs(ctx context.Context, db, start, end string, includeDocs bool) ([]Row, error) {
+	q := url.Values{}
+	if start != "" {
+		b, _ := json.Marshal(start)
+		q.Set("startkey", string(b))
+	}
+	if end != "" {
+		b, _ := json.Marshal(end)
+		q.Set("endkey", string(b))
+	}
+	if includeDocs {
+		q.Set("include_docs", "true")
+	}
+	var r struct{ Rows []Row }
+	return r.Rows, c.do(ctx, "GET", c.path(db, "_all_docs"), q, nil, &r)
+}
+
+// DBInfo is what a server says of a database.
+type DBInfo struct {
+	Name string `json:"db_name"`
+	// UpdateSeq is the sequence of the database's last change (opaque).
+	UpdateSeq json.RawMessage `json:"update_seq"`
+	DocCount  int64           `json:"doc_count"`
+}
+
+// DBInfo reads a database's information.
+func (c *Client) DBInfo(ctx context.Context, db string) (DBInfo, error) {
+	var i DBInfo
+	return i, c.do(ctx, "GET", c.path(db), nil, nil, &i)
+}

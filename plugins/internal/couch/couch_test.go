@@ -75,6 +75,11 @@ func TestAgainstPouchDBServer(t *testing.T) {
 	if err := c.Get(ctx, "b_c$d(e)+f-g", "nope", &doc); !errors.Is(err, couch.ErrNotFound) {
 		t.Fatalf("get a missing doc: %v", err)
 	}
+	c.Put(ctx, "b_c$d(e)+f-g", "doc:2", map[string]any{"x": 2})
+	rows, err := c.AllDocs(ctx, "b_c$d(e)+f-g", "doc:", "doc:\uffff", true)
+	if err != nil || len(rows) != 2 || rows[1].ID != "doc:2" || !strings.Contains(string(rows[1].Doc), `"x":2`) {
+		t.Fatalf("all docs %+v, %v", rows, err)
+	}
 	sec := map[string]any{"admins": map[string]any{"names": []string{"bob"}, "roles": []string{}}, "members": map[string]any{"names": []string{"bob"}, "roles": []string{"staff"}}}
 	if err := c.PutSecurity(ctx, "b_c$d(e)+f-g", sec); err != nil {
 		t.Fatal(err)

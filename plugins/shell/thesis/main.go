@@ -22,8 +22,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/couchjobs/couchjobs/plugins/internal/cluster"
 	"github.com/couchjobs/couchjobs/plugins/shell"
-	"github.com/couchjobs/couchjobs/plugins/shell/internal/cluster"
+	"github.com/couchjobs/couchjobs/plugins/shell/internal/shelltest"
 )
 
 func main() {
@@ -71,7 +72,7 @@ func run(sleep float64, only []string, verbose bool) error {
 	defer os.RemoveAll(work)
 	bin := filepath.Join(work, "bin")
 	fmt.Fprintln(os.Stderr, "building couchjobs and the shell plugin...")
-	if err := cluster.Build(ctx, bin); err != nil {
+	if err := cluster.Build(ctx, bin, shelltest.Plugin); err != nil {
 		return err
 	}
 	var logs io.Writer
@@ -121,7 +122,7 @@ func measure(ctx context.Context, dir, bin string, sc scenario, sleep float64, l
 	if sc.kill {
 		timeout = 5 * time.Second
 	}
-	c, err := cluster.New(dir, cluster.Options{Bin: bin, Workers: 2, ActivityTimeout: timeout, Log: logs})
+	c, err := cluster.New(dir, cluster.Options{Bin: bin, Plugin: "shell", Workers: 2, ActivityTimeout: timeout, Log: logs})
 	if err != nil {
 		return outcome{}, err
 	}
@@ -156,7 +157,7 @@ func measure(ctx context.Context, dir, bin string, sc scenario, sleep float64, l
 	}
 	start := time.Now()
 	for i, id := range ids {
-		if err := c.Add(ctx, id, docs[i]); err != nil {
+		if err := shelltest.Add(ctx, c, id, docs[i]); err != nil {
 			return outcome{}, err
 		}
 	}
@@ -165,7 +166,7 @@ func measure(ctx context.Context, dir, bin string, sc scenario, sleep float64, l
 	}
 	wctx, cancel := context.WithTimeout(ctx, time.Duration(10*sc.optimum*sleep*float64(time.Second))+time.Minute)
 	defer cancel()
-	if err := c.WaitFinished(wctx, ids...); err != nil {
+	if err := c.WaitFinished(wctx, shell.TypeName, ids...); err != nil {
 		return outcome{}, err
 	}
 	took := time.Since(start)
@@ -177,7 +178,7 @@ func measure(ctx context.Context, dir, bin string, sc scenario, sleep float64, l
 	// and ran once more.
 	lost := 0
 	for _, id := range ids {
-		d, _, err := c.Doc(ctx, id)
+		d, _, err := shelltest.Doc(ctx, c, id)
 		if err != nil {
 			return outcome{}, err
 		}

@@ -1,6 +1,7 @@
-// Package cluster runs couchjobs nodes with the shell plugin as separate
-// processes over one embedded store, for the plugin's failure tests and
-// its thesis benchmark: real hosts that can be killed with SIGKILL.
+// Package cluster runs couchjobs nodes with one plugin as separate
+// processes over one embedded store, for the plugins' failure tests and
+// benchmarks: real hosts, and plugin processes, that can be killed with
+// SIGKILL.
 package cluster
 
 import (
@@ -18,17 +19,20 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/couchjobs/couchjobs/plugins/shell"
 	"github.com/couchjobs/couchjobs/runtime/jobs"
 	"github.com/couchjobs/couchjobs/runtime/kv/sqlitekv"
 )
 
-// Build compiles the couchjobs host and the shell plugin into bin.
-func Build(ctx context.Context, bin string) error {
-	for _, b := range []struct{ out, pkg string }{
-		{filepath.Join(bin, "couchjobs"), "github.com/couchjobs/couchjobs/host/cmd/couchjobs"},
-		{filepath.Join(bin, "plugins", "couchjobs-shell"), "github.com/couchjobs/couchjobs/plugins/shell/cmd/couchjobs-shell"},
-	} {
+// Plugin is a plugin to build: its name and its main package.
+type Plugin struct{ Name, Package string }
+
+// Build compiles the couchjobs host and the plugins into bin.
+func Build(ctx context.Context, bin string, plugins ...Plugin) error {
+	builds := []struct{ out, pkg string }{{filepath.Join(bin, "couchjobs"), "github.com/couchjobs/couchjobs/host/cmd/couchjobs"}}
+	for _, p := range plugins {
+		builds = append(builds, struct{ out, pkg string }{filepath.Join(bin, "plugins", "couchjobs-"+p.Name), p.Package})
+	}
+	for _, b := range builds {
 		if out, err := exec.CommandContext(ctx, "go", "build", "-o", b.out, b.pkg).CombinedOutput(); err != nil {
 			return fmt.Errorf("build %s: %v\n%s", b.pkg, err, out)
 		}
@@ -40,7 +44,10 @@ func Build(ctx context.Context, bin string) error {
 type Options struct {
 	// Bin is where Build put the binaries.
 	Bin string
-	// Workers is each node's shell worker count (plugins.shell.max_jobs).
+	// Plugin is the plugin every node runs, and Config its
+	// [plugins.<Plugin>.config] table, as TOML lines.
+	Plugin, Config string
+	// Workers is each node's worker count for the plugin (max_jobs).
 	Workers int
 	// ActivityTimeout is how soon a dead node's job goes elsewhere.
 	ActivityTimeout time.Duration
@@ -83,7 +90,7 @@ func New(dir string, o Options) (*Cluster, error) {
 	return &Cluster{dir: dir, opts: o, Store: s, Jobs: jobs.New(s, jobs.Options{}), nodes: map[string]*Node{}}, nil
 }
 
-// Start launches a node and waits until its shell plugin runs.
+// Start launches a node and waits until its plugin runs.
 func (c *Cluster) Start(ctx context.Context, name string, groups ...string) (*Node, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -105,10 +112,15 @@ path = "store.db"
 listen = %q
 [log]
 level = "warn"
-[plugins.shell]
+[scheduler]
+min_backoff = "100ms"
+max_backoff = "1s"
+[plugins.%s]
 max_jobs = %d
 activity_timeout = %q
-`, filepath.Join(c.opts.Bin, "plugins"), name, gs, addr, c.opts.Workers, c.opts.ActivityTimeout)
+[plugins.%s.config]
+%s
+`, filepath.Join(c.opts.Bin, "plugins"), name, gs, addr, c.opts.Plugin, c.opts.Workers, c.opts.ActivityTimeout, c.opts.Plugin, c.opts.Config)
 	path := filepath.Join(c.dir, name+".toml")
 	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 		return nil, err
@@ -122,7 +134,7 @@ activity_timeout = %q
 	go func() { cmd.Wait(); close(n.done) }()
 	c.nodes[name] = n
 	for {
-		if n.shellRunning() {
+		if n.pluginRunning(c.opts.Plugin) {
 			return n, nil
 		}
 		select {
@@ -136,7 +148,7 @@ activity_timeout = %q
 	}
 }
 
-func (n *Node) shellRunning() bool {
+func (n *Node) pluginRunning(plugin string) bool {
 	resp, err := http.Get(n.api + "/plugins")
 	if err != nil {
 		return false
@@ -147,7 +159,7 @@ func (n *Node) shellRunning() bool {
 	}
 	json.NewDecoder(resp.Body).Decode(&out)
 	for _, p := range out.Plugins {
-		if p.Name == "shell" && p.State == "running" {
+		if p.Name == plugin && p.State == "running" {
 			return true
 		}
 	}
@@ -170,37 +182,10 @@ func (n *Node) Stop() {
 	}
 }
 
-// Add adds a shell job as the host's API would: checked, and queued for
-// its first step's target.
-func (c *Cluster) Add(ctx context.Context, id string, doc any) error {
-	b, err := json.Marshal(doc)
-	if err != nil {
-		return err
-	}
-	data, place, err := shell.Prepare(b)
-	if err != nil {
-		return err
-	}
-	return c.Jobs.Add(ctx, jobs.NewJob{Type: shell.TypeName, ID: id, Data: data, Placement: jobs.Placement(place)})
-}
-
-// Doc returns a job's document and state.
-func (c *Cluster) Doc(ctx context.Context, id string) (*shell.Doc, jobs.State, error) {
-	in, err := c.Jobs.Get(ctx, shell.TypeName, id)
-	if err != nil {
-		return nil, "", err
-	}
-	var d shell.Doc
-	if err := json.Unmarshal(in.Data, &d); err != nil {
-		return nil, "", err
-	}
-	return &d, in.State, nil
-}
-
-// WaitFinished waits until every job is finished.
-func (c *Cluster) WaitFinished(ctx context.Context, ids ...string) error {
+// WaitFinished waits until every job of typ named is finished.
+func (c *Cluster) WaitFinished(ctx context.Context, typ string, ids ...string) error {
 	for _, id := range ids {
-		sub, err := c.Jobs.Subscribe(ctx, shell.TypeName, id)
+		sub, err := c.Jobs.Subscribe(ctx, typ, id)
 		if err != nil {
 			return err
 		}
@@ -218,6 +203,36 @@ func (c *Cluster) WaitFinished(ctx context.Context, ids ...string) error {
 		}
 	}
 	return nil
+}
+
+// KillPlugin kills the node's plugin process with SIGKILL; the host
+// relaunches it.
+func (n *Node) KillPlugin(plugin string) error {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...
+		s := string(b)
+		i := strings.LastIndexByte(s, ')')
+		comm := "couchjobs-" + plugin
+		comm = comm[:min(len(comm), 15)] // the kernel keeps 15 bytes
+		if i < 0 || !strings.Contains(s[:i], "("+comm) {
+			continue
+		}
+		f := strings.Fields(s[i+1:])
+		if len(f) > 1 && f[1] == fmt.Sprint(n.cmd.Process.Pid) {
+			var pid int
+			fmt.Sscan(e.Name(), &pid)
+			return syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	return fmt.Errorf("no couchjobs-%s process under node %s", plugin, n.Name)
 }
 
 // Commits is the number of write transactions the store has committed.

@@ -1,0 +1,139 @@
+package peruser
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"regexp"
+	"time"
+
+	"github.com/couchjobs/couchjobs/plugins/internal/couch"
+	"github.com/couchjobs/couchjobs/sdk"
+)
+
+// Config is the [plugins.peruser.config] table.
+type Config struct {
+	// Servers are the CouchDB servers whose users get databases, each
+	// with admin credentials (in the URL, or user and password).
+	Servers []Server `json:"servers"`
+	// AuthenticationDB is where the users are; default "_users".
+	AuthenticationDB string `json:"authentication_db"`
+	// DatabasePrefix starts every user database's name; default "userdb-".
+	DatabasePrefix string `json:"database_prefix"`
+	// DeleteDBs deletes a user's database with the user; otherwise the
+	// user is only taken out of its _security. Default false.
+	DeleteDBs bool `json:"delete_dbs"`
+	// Q is the shard count of new databases, where the server shards;
+	// default 1.
+	Q int `json:"q"`
+	// ReconcileInterval is how often the watcher compares every user with
+	// the databases and repairs differences; default "10m".
+	ReconcileInterval string `json:"reconcile_interval"`
+	// FeedTimeout is how long the watcher waits on the changes feed before
+	// it checks that the server still answers; default "60s".
+	FeedTimeout string `json:"feed_timeout"`
+
+	reconcile, feedTimeout time.Duration
+}
+
+// Server is one CouchDB server.
+type Server struct {
+	// Name names the server's watcher job; letters, digits, '.', '_', '-'.
+	Name string `json:"name"`
+	// URL is the server's base URL.
+	URL string `json:"url"`
+	// User and Password are admin credentials, if not in the URL.
+	User     string `json:"user"`
+	Password string `json:"password"`
+
+	client *couch.Client
+}
+
+var serverName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
+
+// configure decodes and checks the table; errors name the key.
+func configure(c *sdk.Config) (*Config, error) {
+	cfg := &Config{}
+	dec := json.NewDecoder(bytes.NewReader(c.JSON))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(cfg); err != nil {
+		return nil, sdk.ConfigErrors{{Message: err.Error()}}
+	}
+	var errs sdk.ConfigErrors
+	bad := func(key, format string, args ...any) {
+		errs = append(errs, sdk.ConfigError{Key: key, Message: fmt.Sprintf(format, args...)})
+	}
+	if cfg.AuthenticationDB == "" {
+		cfg.AuthenticationDB = "_users"
+	}
+	if cfg.DatabasePrefix == "" {
+		cfg.DatabasePrefix = "userdb-"
+	}
+	if err := checkPrefix(cfg.DatabasePrefix); err != nil {
+		bad("database_prefix", "%v", err)
+	}
+	switch {
+	case cfg.Q == 0:
+		cfg.Q = 1
+	case cfg.Q < 0:
+		bad("q", "%d is negative", cfg.Q)
+	}
+	var err error
+	if cfg.reconcile, err = duration(cfg.ReconcileInterval, 10*time.Minute); err != nil {
+		bad("reconcile_interval", "%v", err)
+	}
+	if cfg.feedTimeout, err = duration(cfg.FeedTimeout, time.Minute); err != nil {
+		bad("feed_timeout", "%v", err)
+	}
+	if len(cfg.Servers) == 0 {
+		bad("servers", "no server: add [[plugins.peruser.config.servers]] with a name and a url")
+	}
+	seen := map[string]bool{}
+	for i := range cfg.Servers {
+		s := &cfg.Servers[i]
+		key := fmt.Sprintf("servers.%d", i)
+		if !serverName.MatchString(s.Name) {
+			bad(key+".name", "%q: use 1 to 63 letters, digits, '.', '_' or '-'", s.Name)
+		} else if seen[s.Name] {
+			bad(key+".name", "%q is used twice", s.Name)
+		}
+		seen[s.Name] = true
+		cl, err := couch.New(s.URL, couch.Options{})
+		if err != nil {
+			bad(key+".url", "%v", err)
+			continue
+		}
+		if s.User != "" {
+			cl = cl.WithBasicAuth(s.User, s.Password)
+		} else if u, _ := url.Parse(s.URL); u.User == nil {
+			bad(key, "no admin credentials: put them in the url or set user and password")
+		}
+		s.client = cl
+	}
+	if len(errs) > 0 {
+		return nil, errs
+	}
+	return cfg, nil
+}
+
+func duration(s string, def time.Duration) (time.Duration, error) {
+	if s == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%q: want a positive duration such as \"30s\"", s)
+	}
+	return d, nil
+}
+
+// server returns the named server.
+func (c *Config) server(name string) *Server {
+	for i := range c.Servers {
+		if c.Servers[i].Name == name {
+			return &c.Servers[i]
+		}
+	}
+	return nil
+}
