@@ -22,6 +22,7 @@ build:
 # The plugins, where runtime.toml's plugin_dir points.
 plugins:
 	$(GO) build -o $(BIN)/plugins/couchjobs-shell ./plugins/shell/cmd/couchjobs-shell
+	$(GO) build -o $(BIN)/plugins/couchjobs-peruser ./plugins/peruser/cmd/couchjobs-peruser
 	$(GO) build -o $(BIN)/plugins/couchjobs-wordcount ./examples/wordcount
 
 # The FoundationDB backend needs cgo and libfdb_c (docs/FOUNDATIONDB.md).
@@ -44,7 +45,7 @@ test-race:
 # full 10,000-job, three-process test of the job layer, and host processes
 # killed with SIGKILL (the shell plugin's on_lost policies among them).
 test-slow: test-race fuzz
-	$(GO) test -count=1 -run 'Modernc|ManyProcesses|KilledHost|KilledNode' ./runtime/kv/sqlitekv ./runtime/jobs ./host/cmd/couchjobs ./plugins/shell
+	$(GO) test -count=1 -run 'Modernc|ManyProcesses|KilledHost|KilledNode' ./runtime/kv/sqlitekv ./runtime/jobs ./host/cmd/couchjobs ./plugins/shell ./plugins/peruser
 
 # The conformance suite and tuple compatibility against a real cluster.
 test-fdb:
@@ -72,6 +73,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./host/config
 	$(GO) test -run '^$$' -fuzz FuzzDecodeRecord -fuzztime $(FUZZTIME) ./runtime/jobs
 	$(GO) test -run '^$$' -fuzz FuzzParseDoc -fuzztime $(FUZZTIME) ./plugins/shell
+	$(GO) test -run '^$$' -fuzz FuzzSecurity -fuzztime $(FUZZTIME) ./plugins/peruser
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -98,3 +98,21 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// A plugin's config table may hold arrays of tables; they reach the
+// plugin whole, and typos outside it are still errors.
+func TestPluginConfigArrays(t *testing.T) {
+	t.Parallel()
+	text := "[store]\npath = \"x\"\n[plugins.p]\n[plugins.p.config]\nq = 1\n[[plugins.p.config.servers]]\nname = \"a\"\nurl = \"http://h\"\n[[plugins.p.config.servers]]\nname = \"b\"\n"
+	c, err := Parse("runtime.toml", []byte(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	servers, _ := c.Plugins["p"].Config["servers"].([]map[string]any)
+	if len(servers) != 2 || servers[0]["url"] != "http://h" || servers[1]["name"] != "b" {
+		t.Fatalf("servers %#v", c.Plugins["p"].Config["servers"])
+	}
+	if _, err := Parse("runtime.toml", []byte(text+"[plugins.p.extra]\nx = 1\n")); err == nil || !strings.Contains(err.Error(), "unknown key plugins.p.extra") {
+		t.Fatalf("a typo beside config: %v", err)
+	}
+}
