@@ -432,3 +432,65 @@ func TestLeaseStopsACutOffRun(t *testing.T) {
 		t.Fatalf("the run went on %v after its node was cut off", took)
 	}
 }
+
+// TestHealing runs two jobs that crash at the end of every run: one whose
+// runs outlast the health threshold, whose crash count stays at 1 (each
+// long run heals it first), and one whose short runs do not, whose count
+// grows.
+func TestHealing(t *testing.T) {
+	t.Parallel()
+	// The extra lines continue the test node's [scheduler] table.
+	n := startNode(t, "health_threshold = \"200ms\"\n[plugins.alpha]\n")
+	n.waitRunning(t, "alpha")
+	n.add(t, "alpha", "long", `{"sleep_ms":300,"crash":"boom"}`)
+	n.add(t, "alpha", "short", `{"crash":"boom"}`)
+	retries := map[string]bool{}
+	waitFor(t, 20*time.Second, "the long job to crash three times", func() bool {
+		m := meta(t, n.get(t, "alpha", "long"))
+		if c, _ := m["crashes"].(float64); c > 1 {
+			t.Fatalf("a job whose runs outlast the health threshold counts %v crashes", c)
+		}
+		if at, ok := m["retry_at"].(string); ok {
+			retries[at] = true
+		}
+		return len(retries) >= 3
+	})
+	waitFor(t, 20*time.Second, "the short job's crashes to add up", func() bool {
+		c, _ := meta(t, n.get(t, "alpha", "short"))["crashes"].(float64)
+		return c >= 3
+	})
+}
+
+// TestTypeMaxJobs caps one type's running jobs below its plugin's cap,
+// and refuses a cap for a type the plugin does not have.
+func TestTypeMaxJobs(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, "[plugins.alpha]\nmax_jobs = 10\ntype_max_jobs = { alpha = 2 }\n")
+	n.waitRunning(t, "alpha")
+	for i := range 5 {
+		n.add(t, "alpha", fmt.Sprint("j", i), `{"sleep_ms":400}`)
+	}
+	most := 0
+	waitFor(t, 20*time.Second, "every job to finish", func() bool {
+		finished := 0
+		running := 0
+		for i := range 5 {
+			switch n.get(t, "alpha", fmt.Sprint("j", i)).State {
+			case jobs.Running:
+				running++
+			case jobs.Finished:
+				finished++
+			}
+		}
+		most = max(most, running)
+		return finished == 5
+	})
+	if most > 2 || most == 0 {
+		t.Fatalf("at most %d jobs ran at once; the type's cap is 2", most)
+	}
+	bad := startNode(t, "[plugins.beta]\ntype_max_jobs = { gamma = 1 }\n")
+	waitFor(t, 10*time.Second, "the plugin to fail", func() bool {
+		st := bad.plugin("beta")
+		return st.State == PluginFailed && strings.Contains(st.Error, `plugins.beta.type_max_jobs.gamma: plugin beta has no job type "gamma"`)
+	})
+}

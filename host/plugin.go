@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -69,8 +70,10 @@ type plugin struct {
 	path string
 	log  hclog.Logger
 	sub  kv.Subspace // the plugin's own keys
-	// slots caps the plugin's running jobs on this node.
-	slots chan struct{}
+	// slots caps the plugin's running jobs on this node, and typeSlots
+	// those of the types with a cap of their own.
+	slots     chan struct{}
+	typeSlots map[string]chan struct{}
 
 	mu       sync.Mutex
 	state    string
@@ -95,6 +98,10 @@ func newPlugin(n *Node, name string, cfg *config.Plugin) *plugin {
 		max = min(max, cfg.MaxJobs)
 	}
 	p.slots = make(chan struct{}, max)
+	p.typeSlots = map[string]chan struct{}{}
+	for typ, n := range cfg.TypeMaxJobs {
+		p.typeSlots[typ] = make(chan struct{}, n)
+	}
 	return p
 }
 
@@ -177,6 +184,11 @@ func (p *plugin) runOnce(ctx, accept context.Context) error {
 	}
 	if err := p.checkDescription(desc); err != nil {
 		return err
+	}
+	for typ := range p.cfg.TypeMaxJobs {
+		if !slices.ContainsFunc(desc.Types, func(t *pluginv1.JobType) bool { return t.Name == typ }) {
+			return permanent("%s: plugins.%s.type_max_jobs.%s: plugin %s has no job type %q", p.n.cfg.Path(), p.name, typ, p.name, typ)
+		}
 	}
 	if d := p.cfg.ActivityTimeout.Duration; d > 0 {
 		for _, t := range desc.Types {

@@ -40,6 +40,7 @@ type session struct {
 type hostRun struct {
 	handle  uint64
 	job     *jobs.Job
+	started time.Time
 	data    json.RawMessage // the job's data as last stored
 	stopped bool            // a stop was sent; guarded by session.mu
 }
@@ -119,15 +120,15 @@ func (s *session) acceptor(ctx context.Context, t *pluginv1.JobType) {
 	n := s.p.n
 	log := s.p.log.With("type", t.Name)
 	for {
-		if !s.p.acquire(ctx) {
+		if !s.p.acquire(ctx, t.Name) {
 			return
 		}
-		free := 1 + s.p.tryAcquire(maxStartBatch-1)
+		free := 1 + s.p.tryAcquire(t.Name, maxStartBatch-1)
 		start := time.Now()
 		accepted, err := n.jobs.Accept(ctx, t.Name, jobs.AcceptOptions{
 			Node: n.cfg.Node.Name, Groups: n.cfg.Node.Groups, Limit: free, Wait: true,
 		})
-		s.p.release(free - len(accepted))
+		s.p.release(t.Name, free-len(accepted))
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -237,7 +238,7 @@ func (s *session) add(job *jobs.Job) *hostRun {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.next++
-	r := &hostRun{handle: s.next, job: job, data: job.Data}
+	r := &hostRun{handle: s.next, job: job, data: job.Data, started: time.Now()}
 	s.runs[r.handle] = r
 	return r
 }
@@ -254,7 +255,7 @@ func (s *session) remove(h uint64) {
 	s.mu.Unlock()
 	if ok {
 		s.p.n.acct.Stop(runID(r.job), time.Now())
-		s.p.release(1)
+		s.p.release(r.job.Type, 1)
 	}
 }
 
@@ -392,6 +393,9 @@ func (s *session) applyOne(tx kv.Tx, it *item) error {
 		if len(data) == 0 {
 			data = it.run.data
 		}
+		if data, err = healed(data, it.run.started, sched.HealthThreshold.Duration); err != nil {
+			return err
+		}
 		switch e.Outcome {
 		case pluginv1.End_COMPLETED:
 			data, err = withMeta(data, map[string]any{"outcome": "completed"})
@@ -525,6 +529,24 @@ func crashed(data json.RawMessage, reason string, minBackoff, maxBackoff time.Du
 	return out, at, err
 }
 
+// healed resets a job's crash count once a run of it has lasted the
+// health threshold: a job that ran that long without crashing is healthy
+// again, and its next crash backs off from the minimum.
+func healed(data json.RawMessage, started time.Time, threshold time.Duration) (json.RawMessage, error) {
+	if time.Since(started) < threshold {
+		return data, nil
+	}
+	var prev struct {
+		Meta struct {
+			Crashes int `json:"crashes"`
+		} `json:"_couchjobs"`
+	}
+	if json.Unmarshal(data, &prev) != nil || prev.Meta.Crashes == 0 {
+		return data, nil
+	}
+	return mergeMeta(data, map[string]any{"crashes": 0})
+}
+
 // giveBack hands a run back to the queue from the host's side: after a
 // crash of the plugin (with backoff) or on shutdown (at once, so that
 // another node starts it without waiting for the activity timeout).
@@ -535,7 +557,11 @@ func (s *session) giveBack(r *hostRun, crash bool, reason string) {
 	_, err := s.p.n.store.Transact(ctx, func(tx kv.Tx) (any, error) {
 		o := jobs.ResubmitOptions{}
 		if crash {
-			data, at, err := crashed(r.data, reason, sched.MinBackoff.Duration, sched.MaxBackoff.Duration)
+			data, err := healed(r.data, r.started, sched.HealthThreshold.Duration)
+			if err != nil {
+				return nil, err
+			}
+			data, at, err := crashed(data, reason, sched.MinBackoff.Duration, sched.MaxBackoff.Duration)
 			if err != nil {
 				return nil, err
 			}
@@ -591,44 +617,55 @@ func (s *session) drain(grace time.Duration) {
 
 // Slots: a job holds one slot of the node and one of its plugin.
 
-func (p *plugin) acquire(ctx context.Context) bool {
-	select {
-	case p.n.slots <- struct{}{}:
-	case <-ctx.Done():
-		return false
+// semaphores are the slot pools a run of typ takes one slot of: its
+// type's cap (if set), its plugin's, and the node's, most specific first.
+func (p *plugin) semaphores(typ string) []chan struct{} {
+	if t := p.typeSlots[typ]; t != nil {
+		return []chan struct{}{t, p.slots, p.n.slots}
 	}
-	select {
-	case p.slots <- struct{}{}:
-		return true
-	case <-ctx.Done():
-		<-p.n.slots
-		return false
-	}
+	return []chan struct{}{p.slots, p.n.slots}
 }
 
-// tryAcquire takes up to n more slots without waiting and says how many.
-func (p *plugin) tryAcquire(n int) int {
-	got := 0
-	for got < n {
+// acquire takes a slot of every pool of typ, waiting for them.
+func (p *plugin) acquire(ctx context.Context, typ string) bool {
+	sems := p.semaphores(typ)
+	for i, sem := range sems {
 		select {
-		case p.n.slots <- struct{}{}:
-		default:
-			return got
-		}
-		select {
-		case p.slots <- struct{}{}:
-			got++
-		default:
-			<-p.n.slots
-			return got
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			for _, held := range sems[:i] {
+				<-held
+			}
+			return false
 		}
 	}
-	return got
+	return true
 }
 
-func (p *plugin) release(n int) {
+// tryAcquire takes up to n more slots of typ without waiting and says how
+// many.
+func (p *plugin) tryAcquire(typ string, n int) int {
+	sems := p.semaphores(typ)
+	for got := 0; got < n; got++ {
+		for i, sem := range sems {
+			select {
+			case sem <- struct{}{}:
+			default:
+				for _, held := range sems[:i] {
+					<-held
+				}
+				return got
+			}
+		}
+	}
+	return n
+}
+
+// release gives back n slots of typ.
+func (p *plugin) release(typ string, n int) {
 	for range n {
-		<-p.slots
-		<-p.n.slots
+		for _, sem := range p.semaphores(typ) {
+			<-sem
+		}
 	}
 }

@@ -74,6 +74,9 @@ type Plugin struct {
 	// MaxJobs caps the plugin's running jobs on this node; 0 means the
 	// node's limit.
 	MaxJobs int `toml:"max_jobs"`
+	// TypeMaxJobs caps the running jobs of some of the plugin's types on
+	// this node, within MaxJobs: { type = N }.
+	TypeMaxJobs map[string]int `toml:"type_max_jobs"`
 	// ActivityTimeout, if set, replaces the activity timeout the plugin
 	// declares for each of its types: how long a job whose node died waits
 	// before another node takes it. Set it alike on every node.
@@ -91,10 +94,13 @@ type Scheduler struct {
 	// default 500 (CouchDB's max_jobs).
 	MaxJobs int `toml:"max_jobs"`
 	// MinBackoff and MaxBackoff bound the delay before a crashed job runs
-	// again: MinBackoff × 2^crashes, capped at MaxBackoff. Defaults 1s and
-	// 10m.
+	// again: MinBackoff × 2^(crashes-1), capped at MaxBackoff, ±25%.
+	// Defaults 32s and 48h, CouchDB 4.x's.
 	MinBackoff Duration `toml:"min_backoff"`
 	MaxBackoff Duration `toml:"max_backoff"`
+	// HealthThreshold: a run that lasts this long heals its job, whose
+	// crash count starts again from zero; default 2m (CouchDB's).
+	HealthThreshold Duration `toml:"health_threshold"`
 	// ShutdownGrace is how long running jobs get to checkpoint and stop on
 	// SIGTERM before they are handed back to the queue; default 10s.
 	ShutdownGrace Duration `toml:"shutdown_grace"`
@@ -244,6 +250,11 @@ func (c *Config) validate() error {
 		if p.MaxJobs < 0 {
 			return fmt.Errorf("plugins.%s.max_jobs: %d is negative", name, p.MaxJobs)
 		}
+		for typ, n := range p.TypeMaxJobs {
+			if n < 1 {
+				return fmt.Errorf("plugins.%s.type_max_jobs.%s: %d: want at least 1 (disable the plugin to run none)", name, typ, n)
+			}
+		}
 		if d := p.ActivityTimeout.Duration; d != 0 && d < 100*time.Millisecond {
 			return fmt.Errorf("plugins.%s.activity_timeout: %v is under 100ms", name, d)
 		}
@@ -255,10 +266,13 @@ func (c *Config) validate() error {
 		c.Scheduler.MaxJobs = 500
 	}
 	if c.Scheduler.MinBackoff.Duration == 0 {
-		c.Scheduler.MinBackoff.Duration = time.Second
+		c.Scheduler.MinBackoff.Duration = 32 * time.Second
 	}
 	if c.Scheduler.MaxBackoff.Duration == 0 {
-		c.Scheduler.MaxBackoff.Duration = 10 * time.Minute
+		c.Scheduler.MaxBackoff.Duration = 48 * time.Hour
+	}
+	if c.Scheduler.HealthThreshold.Duration == 0 {
+		c.Scheduler.HealthThreshold.Duration = 2 * time.Minute
 	}
 	if c.Scheduler.MaxBackoff.Duration < c.Scheduler.MinBackoff.Duration {
 		return fmt.Errorf("scheduler.max_backoff %v is below scheduler.min_backoff %v", c.Scheduler.MaxBackoff, c.Scheduler.MinBackoff)
