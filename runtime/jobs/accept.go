@@ -31,7 +31,15 @@ type AcceptOptions struct {
 	// watch, not polling) or the earliest scheduled job becomes due, or ctx
 	// is done. Without it, Accept returns ErrNoJobs at once.
 	Wait bool
+	// Rank, if set, ranks share groups (lower first), as the fair-share
+	// scheduler wants them: the acceptor reads a longer head of the queue
+	// (RankWindow entries per placement) and takes jobs of the best-ranked
+	// groups first, in priority order within a rank.
+	Rank func(group string) int
 }
+
+// RankWindow is how many entries per placement a ranking acceptor reads.
+const RankWindow = 256
 
 func (o *AcceptOptions) placements() []string {
 	ps := []string{string(AnyNode)}
@@ -50,6 +58,8 @@ type candidate struct {
 	priority  int64
 	id        string
 	placement string
+	group     string
+	rank      int
 }
 
 // safetyRecheck bounds a blocked Accept's sleep when no scheduled job is
@@ -92,13 +102,13 @@ func (j *Jobs) Accept(ctx context.Context, typ string, o AcceptOptions) ([]*Job,
 				}
 				promoted = true
 			}
-			jobs, found, err := j.acceptTx(tx, typ, placements, maxPriority, limit)
+			jobs, found, err := j.acceptTx(tx, typ, placements, maxPriority, limit, o.Rank)
 			if err == nil && !found && !promoted {
 				// Nothing else to do: due jobs must not wait.
 				if err := j.promote(tx, typ); err != nil {
 					return nil, err
 				}
-				jobs, found, err = j.acceptTx(tx, typ, placements, maxPriority, limit)
+				jobs, found, err = j.acceptTx(tx, typ, placements, maxPriority, limit, o.Rank)
 			}
 			if err != nil || len(jobs) > 0 || found || !o.Wait {
 				return result{jobs: jobs}, err
@@ -203,13 +213,17 @@ func (j *Jobs) sleep(ctx context.Context, w kv.Watch, d time.Duration) error {
 
 // acceptTx takes up to limit jobs. found reports whether any pending entry
 // was eligible, even if it turned out to be an orphan.
-func (j *Jobs) acceptTx(tx kv.Tx, typ string, placements []string, maxPriority int64, limit int) ([]*Job, bool, error) {
+func (j *Jobs) acceptTx(tx kv.Tx, typ string, placements []string, maxPriority int64, limit int, rank func(string) int) ([]*Job, bool, error) {
 	head := limit + j.opts.AcceptSpread
+	read := head
+	if rank != nil {
+		read = max(head, RankWindow)
+	}
 	var cands []candidate
 	for _, p := range placements {
 		r := j.sub.RangeOf(tuple.Tuple{keyPending, typ, p})
 		r.End = j.sub.RangeOf(tuple.Tuple{keyPending, typ, p, maxPriority}).End
-		kvs, err := tx.Snapshot().GetRange(r, kv.RangeOptions{Limit: head})
+		kvs, err := tx.Snapshot().GetRange(r, kv.RangeOptions{Limit: read})
 		if err != nil {
 			return nil, false, err
 		}
@@ -223,23 +237,39 @@ func (j *Jobs) acceptTx(tx kv.Tx, typ string, placements []string, maxPriority i
 			if len(t) != 5 || !ok1 || !ok2 {
 				return nil, false, fmt.Errorf("malformed pending entry %v", t)
 			}
-			cands = append(cands, candidate{key: e.Key, priority: prio, id: id, placement: p})
+			c := candidate{key: e.Key, priority: prio, id: id, placement: p}
+			if rank != nil {
+				c.group, _ = decodePendingValue(e.Value)
+				c.rank = rank(c.group)
+			}
+			cands = append(cands, c)
 		}
 	}
 	if len(cands) == 0 {
 		return nil, false, nil
 	}
-	if len(placements) > 1 {
-		slices.SortFunc(cands, func(a, b candidate) int { return cmp.Compare(a.priority, b.priority) })
+	if len(placements) > 1 || rank != nil {
+		slices.SortFunc(cands, func(a, b candidate) int {
+			if c := cmp.Compare(a.rank, b.rank); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.priority, b.priority)
+		})
 	}
-	cands = cands[:min(len(cands), head)]
-	// Choose limit of the head at random: a partial Fisher-Yates shuffle.
-	n := min(limit, len(cands))
-	for i := range n {
-		k := i + mrand.IntN(len(cands)-i)
-		cands[i], cands[k] = cands[k], cands[i]
+	// Choose limit of the head at random (a partial Fisher-Yates shuffle),
+	// so that concurrent acceptors rarely choose the same jobs; with a
+	// ranking, only among the best-ranked jobs of the head.
+	window := cands[:min(len(cands), head)]
+	if end := slices.IndexFunc(window, func(c candidate) bool { return c.rank != window[0].rank }); end >= limit {
+		window = window[:end]
+	} else if end >= 0 {
+		window = window[:0] // too few of the best rank: take the order as it is
 	}
-	chosen := cands[:n]
+	for i := range min(limit, len(window)) {
+		k := i + mrand.IntN(len(window)-i)
+		window[i], window[k] = window[k], window[i]
+	}
+	chosen := cands[:min(limit, len(cands))]
 	slices.SortFunc(chosen, func(a, b candidate) int { return cmp.Compare(a.priority, b.priority) })
 	var jobs []*Job
 	for _, c := range chosen {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/couchjobs/couchjobs/runtime/kv"
+	"github.com/couchjobs/couchjobs/runtime/tuple"
 )
 
 // Placement says which nodes may run a pending job: any node, one named
@@ -421,18 +422,38 @@ func dueMs(t time.Time) int64 {
 	return max(t.UnixMilli(), 1)
 }
 
-// secondaryEntry marks the pending entries of a node-list job after its
-// first, so that counts see the job once.
-var secondaryEntry = []byte{1}
+// pendingValue is a pending entry's value: the job's share group, so that
+// acceptors and the scheduler see groups without reading job records, and
+// for the entries of a node-list job after its first a mark, so that
+// counts see the job once.
+func pendingValue(group string, secondary bool) []byte {
+	if secondary {
+		return tuple.Tuple{group, true}.Pack()
+	}
+	return tuple.Tuple{group}.Pack()
+}
+
+// decodePendingValue reads a pending entry's value. Stores written before
+// entries held groups have empty values, or 0x01 for a secondary entry.
+func decodePendingValue(v []byte) (group string, secondary bool) {
+	switch {
+	case len(v) == 0:
+		return "", false
+	case len(v) == 1 && v[0] == 1:
+		return "", true
+	}
+	t, err := tuple.Unpack(v)
+	if err != nil || len(t) == 0 {
+		return "", false
+	}
+	group, _ = t[0].(string)
+	return group, len(t) > 1
+}
 
 // setPending writes a due pending job's queue entries.
 func (j *Jobs) setPending(tx kv.Tx, typ, id string, r *record) {
 	for i, q := range Placement(r.placement).queues() {
-		var v []byte
-		if i > 0 {
-			v = secondaryEntry
-		}
-		tx.Set(j.pendingKey(typ, q, r.priority, id), v)
+		tx.Set(j.pendingKey(typ, q, r.priority, id), pendingValue(r.group, i > 0))
 	}
 }
 

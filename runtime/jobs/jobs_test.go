@@ -800,3 +800,40 @@ func TestNodeListPlacement(t *testing.T) {
 		}
 	}
 }
+
+// An acceptor with a ranking takes the best-ranked groups' jobs first,
+// in priority order within a rank; PendingGroups counts who waits.
+func TestAcceptRankAndPendingGroups(t *testing.T) {
+	t.Parallel()
+	j := newJobs(t, Options{})
+	for i := range 5 {
+		mustAdd(t, j, NewJob{ID: fmt.Sprint("a", i), Group: "a", Priority: int64(1 + i)})
+	}
+	for i := range 3 {
+		mustAdd(t, j, NewJob{ID: fmt.Sprint("b", i), Group: "b", Priority: int64(10 + i)})
+	}
+	mustAdd(t, j, NewJob{ID: "listed", Group: "c", Placement: OnNodes("n", "m")})
+	counts, err := j.PendingGroups(ctx, typ, 0)
+	if err != nil || counts["a"] != 5 || counts["b"] != 3 || counts["c"] != 1 {
+		t.Fatalf("pending groups %v, %v", counts, err)
+	}
+	rank := func(g string) int {
+		if g == "b" {
+			return 0
+		}
+		return 1
+	}
+	got, err := j.Accept(ctx, typ, AcceptOptions{Node: "x", Limit: 2, Rank: rank})
+	if err != nil || len(got) != 2 || got[0].Group != "b" || got[1].Group != "b" {
+		t.Fatalf("accepted %v, %v", got, err)
+	}
+	got, _ = j.Accept(ctx, typ, AcceptOptions{Node: "x", Limit: 3, Rank: rank})
+	var ids []string
+	for _, job := range got {
+		ids = append(ids, job.ID)
+	}
+	// The b left first, then a's head in priority order.
+	if len(ids) != 3 || ids[0] != "a0" || ids[1] != "a1" || !strings.HasPrefix(ids[2], "b") {
+		t.Fatalf("with one b left, took %v", ids)
+	}
+}

@@ -229,7 +229,7 @@ func (j *Jobs) PendingCountTx(tx kv.ReadTx, typ string, maxPriority int64, limit
 				return 0, err
 			}
 			for _, e := range kvs {
-				if len(e.Value) == 0 { // a node-list job counts once
+				if _, secondary := decodePendingValue(e.Value); !secondary { // a node-list job counts once
 					count++
 				}
 			}
@@ -331,4 +331,31 @@ func (j *Jobs) Types(ctx context.Context) ([]TypeInfo, error) {
 		out = append(out, TypeInfo{Name: name, Timeout: d})
 	}
 	return out, nil
+}
+
+// PendingGroups counts a type's due pending jobs by share group, reading at
+// most limit queue entries (0: 10,000), from the front of each placement's
+// queue: the scheduler's view of who waits, at a bounded cost. A group
+// with more jobs than were read counts what was read.
+func (j *Jobs) PendingGroups(ctx context.Context, typ string, limit int) (map[string]int, error) {
+	if limit <= 0 {
+		limit = 10_000
+	}
+	v, err := j.store.ReadTransact(ctx, func(tx kv.ReadTx) (any, error) {
+		kvs, err := tx.Snapshot().GetRange(j.sub.RangeOf(tuple.Tuple{keyPending, typ}), kv.RangeOptions{Limit: limit})
+		if err != nil {
+			return nil, err
+		}
+		counts := map[string]int{}
+		for _, e := range kvs {
+			if g, secondary := decodePendingValue(e.Value); !secondary {
+				counts[g]++
+			}
+		}
+		return counts, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("pending groups of %s: %w", typ, err)
+	}
+	return v.(map[string]int), nil
 }
