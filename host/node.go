@@ -48,8 +48,11 @@ type Node struct {
 	metrics metrics
 	// shares is the cluster's fair-share state; acct this node's
 	// accounting of its runs.
-	shares  *sched.Store
-	acct    *sched.Node
+	shares *sched.Store
+	acct   *sched.Node
+	// view is the last interval's scheduling picture, for the acceptors'
+	// ranking (see schedule).
+	view    atomic.Pointer[schedView]
 	apiAddr atomic.Pointer[string] // where the API listens, once it does
 	// verified remembers admin credentials bcrypt accepted, by the SHA-256
 	// of name and password.

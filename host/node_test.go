@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build the test plugin: %v\n%s", err, out)
 		os.Exit(1)
 	}
-	for _, name := range []string{"beta", "stdout", "hang", "cookie", "version", "crashy", "rejecting", "slowbeat", "gatekeeper"} {
+	for _, name := range []string{"beta", "stdout", "hang", "cookie", "version", "crashy", "rejecting", "slowbeat", "gatekeeper", "continuous"} {
 		if err := os.Link(bin, filepath.Join(dir, "couchjobs-"+name)); err != nil {
 			panic(err)
 		}
@@ -493,4 +493,49 @@ func TestTypeMaxJobs(t *testing.T) {
 		st := bad.plugin("beta")
 		return st.State == PluginFailed && strings.Contains(st.Error, `plugins.beta.type_max_jobs.gamma: plugin beta has no job type "gamma"`)
 	})
+}
+
+// TestFairShare runs continuous jobs of two groups with 300 and 100 shares,
+// more than the node's 4 slots: preemption and ranked acceptance settle on
+// 3 and 1 running jobs, while every job takes turns. One-shot jobs in a
+// group with 1 share are never preempted.
+func TestFairShare(t *testing.T) {
+	t.Parallel()
+	// The extra lines continue the test node's [scheduler] table.
+	n := startNode(t, "max_jobs = 4\ninterval = \"100ms\"\nmin_run_time = \"200ms\"\n[scheduler.shares]\nbig = 300\nsmall = 100\nlow = 1\n[plugins.continuous]\n[plugins.alpha]\n")
+	n.waitRunning(t, "continuous")
+	n.waitRunning(t, "alpha")
+	stopFile := filepath.Join(t.TempDir(), "stopped")
+	n.api(t).do("POST", "/jobs/alpha", fmt.Sprintf(`{"id":"oneshot","group":"low","data":{"sleep_ms":1500,"stop_file":%q}}`, stopFile), true)
+	n.waitState(t, "alpha", "oneshot", jobs.Running)
+	for i := range 8 {
+		for _, g := range []string{"big", "small"} {
+			n.api(t).do("POST", "/jobs/continuous", fmt.Sprintf(`{"id":"%s%d","group":%q,"data":{"forever":true}}`, g, i, g), true)
+		}
+	}
+	if in := n.waitState(t, "alpha", "oneshot", jobs.Finished); meta(t, in)["outcome"] != "completed" {
+		t.Fatalf("the one-shot job ended %v", meta(t, in))
+	}
+	if _, err := os.Stat(stopFile); err == nil {
+		t.Fatal("a one-shot job was preempted")
+	}
+	time.Sleep(time.Second) // settle
+	counts := map[string]int{}
+	samples := 0
+	started := map[string]bool{}
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		for _, r := range n.acct.Runs() {
+			counts[r.Group]++
+			started[r.ID] = true
+		}
+		samples++
+	}
+	big, small := float64(counts["big"])/float64(samples), float64(counts["small"])/float64(samples)
+	t.Logf("running on average: big %.2f, small %.2f; %d jobs ran", big, small, len(started))
+	if big < 2.6 || big > 3.4 || small < 0.6 || small > 1.4 {
+		t.Fatalf("big ran %.2f and small %.2f of 4 slots; shares say 3 and 1", big, small)
+	}
+	if len(started) < 12 {
+		t.Fatalf("only %d of 16 jobs ran in 3 s: jobs do not take turns", len(started))
+	}
 }

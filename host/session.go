@@ -43,6 +43,9 @@ type hostRun struct {
 	started time.Time
 	data    json.RawMessage // the job's data as last stored
 	stopped bool            // a stop was sent; guarded by session.mu
+	// preempted: the scheduler stopped the run; it goes back to the queue
+	// behind the jobs that waited. Guarded by session.mu.
+	preempted bool
 }
 
 func newSession(ctx context.Context, p *plugin, c *sdk.Client, desc *pluginv1.DescribeResponse) (*session, error) {
@@ -125,10 +128,16 @@ func (s *session) acceptor(ctx context.Context, t *pluginv1.JobType) {
 		}
 		free := 1 + s.p.tryAcquire(t.Name, maxStartBatch-1)
 		start := time.Now()
-		accepted, err := n.jobs.Accept(ctx, t.Name, jobs.AcceptOptions{
-			Node: n.cfg.Node.Name, Groups: n.cfg.Node.Groups, Limit: free, Wait: true,
-		})
+		o := jobs.AcceptOptions{Node: n.cfg.Node.Name, Groups: n.cfg.Node.Groups, Limit: free, Rank: n.rank()}
+		accepted, err := n.jobs.Accept(ctx, t.Name, o)
 		s.p.release(t.Name, free-len(accepted))
+		if errors.Is(err, jobs.ErrNoJobs) {
+			// Wait without holding slots, which other types may use.
+			err = n.jobs.WaitPending(ctx, t.Name, o)
+			if err == nil {
+				continue
+			}
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -409,6 +418,13 @@ func (s *session) applyOne(tx kv.Tx, it *item) error {
 			}
 		case pluginv1.End_RESUBMIT:
 			o := jobs.ResubmitOptions{Data: data, Placement: jobs.Placement(e.Placement)}
+			s.mu.Lock()
+			if it.run.preempted {
+				// Behind every job that waited: never-run jobs (priority 0)
+				// first, then the others by when they stopped.
+				o.Priority = time.Now().UnixMicro()
+			}
+			s.mu.Unlock()
 			if e.ResubmitAtMs > 0 {
 				o.At = time.UnixMilli(e.ResubmitAtMs)
 			}
@@ -668,4 +684,26 @@ func (p *plugin) release(typ string, n int) {
 			<-sem
 		}
 	}
+}
+
+// preempt asks a run of the session to stop for the scheduler; it reports
+// whether the session had the run.
+func (s *session) preempt(typ, id string) bool {
+	s.mu.Lock()
+	var r *hostRun
+	for _, run := range s.runs {
+		if run.job.Type == typ && run.job.ID == id {
+			r = run
+			break
+		}
+	}
+	if r == nil || r.stopped {
+		s.mu.Unlock()
+		return r != nil
+	}
+	r.stopped, r.preempted = true, true
+	s.mu.Unlock()
+	s.p.log.Debug("preempting a job", "type", typ, "id", id)
+	s.enqueue(&pluginv1.HostMessage{Stops: []*pluginv1.StopJob{{Handle: r.handle, Reason: pluginv1.StopJob_PREEMPT, GraceMs: stopGrace.Milliseconds()}}})
+	return true
 }

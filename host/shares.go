@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/couchjobs/couchjobs/runtime/jobs"
@@ -38,6 +39,10 @@ func (n *Node) accounting(ctx context.Context) {
 		case now := <-t.C:
 			if err := n.shares.Publish(ctx, n.cfg.Node.Name, n.acct.Tick(now)); err != nil && ctx.Err() == nil {
 				n.log.Warn("publishing fair-share usage failed", "error", err)
+				continue
+			}
+			if err := n.schedule(ctx, now); err != nil && ctx.Err() == nil {
+				n.log.Warn("scheduling failed", "error", err)
 			}
 		}
 	}
@@ -156,4 +161,116 @@ func validGroup(g string) error {
 		return fmt.Errorf("share group %q: want 1 to %d bytes", g, jobs.MaxTypeSize)
 	}
 	return nil
+}
+
+// pendingScanPerType bounds the queue entries a node reads per type and
+// interval to see who waits.
+const pendingScanPerType = 10_000
+
+// schedule is the interval's scheduling: from the cluster's groups (their
+// shares, running jobs and the jobs waiting for this node's types) it
+// ranks groups for this node's acceptors, the most below its fair target
+// first, and preempts continuous runs to move toward the targets and to
+// let waiting jobs take turns.
+func (n *Node) schedule(ctx context.Context, now time.Time) error {
+	groups, err := n.shares.Groups(ctx)
+	if err != nil {
+		return err
+	}
+	for _, typ := range n.runningTypes() {
+		counts, err := n.jobs.PendingGroups(ctx, typ, pendingScanPerType)
+		if err != nil {
+			return err
+		}
+		for g, c := range counts {
+			if groups[g] == nil {
+				groups[g] = &sched.Group{Name: g, Shares: sched.DefaultShares}
+			}
+			groups[g].Pending += c
+		}
+	}
+	targets, _ := sched.Targets(groups)
+	view := &schedView{running: map[string]float64{}, targets: targets, local: localCounts(n.acct.Runs())}
+	waiting, wanting := 0, 0
+	for name, g := range groups {
+		view.running[name] = float64(g.Running)
+		if g.Pending > 0 {
+			waiting++
+		}
+		if g.Pending+g.Running > 0 {
+			wanting++
+		}
+	}
+	view.contested = waiting > 0 && wanting > 1
+	n.view.Store(view)
+	if n.cfg.Scheduler.MaxChurn < 0 {
+		return nil
+	}
+	for _, id := range n.acct.Preempt(now, groups, n.cfg.Scheduler.MaxChurn, n.cfg.Scheduler.MinRunTime.Duration) {
+		n.preempt(id)
+	}
+	return nil
+}
+
+// schedView is the last interval's picture, for the acceptors: the
+// cluster's running jobs per group, their fair targets, and this node's
+// own runs per group then.
+type schedView struct {
+	running, targets map[string]float64
+	local            map[string]int
+	// contested: jobs wait and more than one group wants slots; otherwise
+	// ranking has nothing to decide, and acceptors skip its longer reads.
+	contested bool
+}
+
+func localCounts(runs []sched.Run) map[string]int {
+	m := map[string]int{}
+	for _, r := range runs {
+		m[r.Group]++
+	}
+	return m
+}
+
+// rank is the acceptors' ranking of groups (nil until the first
+// schedule): by running jobs over fair target, in percent, so the group
+// furthest below its share comes first. Running counts are the last
+// interval's, corrected by this node's starts and stops since, so that a
+// node filling several slots within an interval does not give them all to
+// the group that was furthest behind.
+func (n *Node) rank() func(string, int) int {
+	v := n.view.Load()
+	if v == nil || !v.contested {
+		return nil
+	}
+	now := localCounts(n.acct.Runs())
+	return func(g string, picked int) int {
+		target := v.targets[g]
+		if target <= 0 {
+			return 1 << 20
+		}
+		running := v.running[g] - float64(v.local[g]) + float64(now[g]+picked)
+		return int(100 * running / target)
+	}
+}
+
+// runningTypes lists the job types of this node's running plugins.
+func (n *Node) runningTypes() []string {
+	var out []string
+	for _, p := range n.plugins {
+		out = append(out, p.Status().Types...)
+	}
+	return out
+}
+
+// preempt stops a run so that it goes back to the queue.
+func (n *Node) preempt(id string) {
+	typ, jobID, _ := strings.Cut(id, "/")
+	for _, p := range n.plugins {
+		p.mu.Lock()
+		s := p.session
+		p.mu.Unlock()
+		if s != nil && s.preempt(typ, jobID) {
+			return
+		}
+	}
 }

@@ -110,6 +110,12 @@ type Scheduler struct {
 	Interval Duration `toml:"interval"`
 	// UsageCoeff decays a group's usage each interval; default 0.5.
 	UsageCoeff float64 `toml:"usage_coeff"`
+	// MaxChurn bounds the continuous jobs the node preempts per interval;
+	// default 20 (CouchDB's); -1 turns preemption off.
+	MaxChurn int `toml:"max_churn"`
+	// MinRunTime: a continuous job runs at least this long before it can
+	// be preempted; default 60s (CouchDB 4.x's).
+	MinRunTime Duration `toml:"min_run_time"`
 	// Shares seeds share groups' shares (1 to 1000; default 100) where
 	// none was set at run time (couchjobs shares set).
 	Shares map[string]int `toml:"shares"`
@@ -291,6 +297,15 @@ func (c *Config) validate() error {
 	}
 	if u := c.Scheduler.UsageCoeff; u < 0 || u >= 1 {
 		return fmt.Errorf("scheduler.usage_coeff: %g is outside [0, 1)", u)
+	}
+	switch {
+	case c.Scheduler.MaxChurn == 0:
+		c.Scheduler.MaxChurn = 20
+	case c.Scheduler.MaxChurn < -1:
+		return fmt.Errorf("scheduler.max_churn: %d: want a count, or -1 to never preempt", c.Scheduler.MaxChurn)
+	}
+	if c.Scheduler.MinRunTime.Duration == 0 {
+		c.Scheduler.MinRunTime.Duration = time.Minute
 	}
 	for g, v := range c.Scheduler.Shares {
 		if g == "" {

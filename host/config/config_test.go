@@ -25,6 +25,7 @@ func TestParse(t *testing.T) {
 		{"shares out of range", "[store]\npath = \"x\"\n[scheduler.shares]\ng = 5000\n", "scheduler.shares.g: 5000 is outside 1..1000"},
 		{"usage_coeff of 1", "[store]\npath = \"x\"\n[scheduler]\nusage_coeff = 1.0\n", "scheduler.usage_coeff: 1 is outside [0, 1)"},
 		{"type cap of 0", "[store]\npath = \"x\"\n[plugins.p]\ntype_max_jobs = { t = 0 }\n", "plugins.p.type_max_jobs.t: 0: want at least 1"},
+		{"max_churn below -1", "[store]\npath = \"x\"\n[scheduler]\nmax_churn = -2\n", "scheduler.max_churn: -2"},
 		{"tiny interval", "[store]\npath = \"x\"\n[scheduler]\ninterval = \"1ms\"\n", "scheduler.interval: 1ms is under 10ms"},
 		{"bad group", "[node]\nname = \"n\"\ngroups = [\"ok\", \"-no\"]\n[store]\npath = \"x\"\n", `node.groups: "-no"`},
 		{"bad level", "[node]\nname = \"n\"\n[store]\npath = \"x\"\n[log]\nlevel = \"loud\"\n", `log.level "loud"`},

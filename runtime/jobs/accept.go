@@ -33,9 +33,11 @@ type AcceptOptions struct {
 	Wait bool
 	// Rank, if set, ranks share groups (lower first), as the fair-share
 	// scheduler wants them: the acceptor reads a longer head of the queue
-	// (RankWindow entries per placement) and takes jobs of the best-ranked
-	// groups first, in priority order within a rank.
-	Rank func(group string) int
+	// (RankWindow entries per placement) and takes jobs one by one, each
+	// time the best-ranked group's job first, in priority order within a
+	// rank; picked is how many of the group's jobs this Accept already
+	// chose, so a batch spreads over groups as they fall behind.
+	Rank func(group string, picked int) int
 }
 
 // RankWindow is how many entries per placement a ranking acceptor reads.
@@ -59,7 +61,6 @@ type candidate struct {
 	id        string
 	placement string
 	group     string
-	rank      int
 }
 
 // safetyRecheck bounds a blocked Accept's sleep when no scheduled job is
@@ -132,16 +133,70 @@ func (j *Jobs) Accept(ctx context.Context, typ string, o AcceptOptions) ([]*Job,
 		if res.watch == nil {
 			continue // only orphaned entries were found and cleared
 		}
-		wait := safetyRecheck
-		if res.due >= 0 {
-			wait = min(wait, time.Duration(res.due-j.nowMs())*time.Millisecond)
-		}
-		err = j.sleep(ctx, res.watch, max(wait, time.Millisecond))
-		res.watch.Cancel()
-		if err != nil {
+		if err := j.waitQueue(ctx, res.watch, res.due); err != nil {
 			return nil, err
 		}
 	}
+}
+
+// WaitPending blocks until a job of typ may be eligible for an acceptor
+// with options o: at once if one is due now, else until the type's pending
+// queue changes or its earliest scheduled job becomes due, or ctx is done.
+// An acceptor that must not hold resources (slots) while it waits calls
+// Accept without Wait, then WaitPending when there was nothing to take:
+// the check and the watch are one transaction, so no enqueue is missed.
+func (j *Jobs) WaitPending(ctx context.Context, typ string, o AcceptOptions) error {
+	placements := o.placements()
+	maxPriority := o.MaxPriority
+	if maxPriority <= 0 {
+		maxPriority = math.MaxInt64
+	}
+	type result struct {
+		ready bool
+		watch kv.Watch
+		due   int64
+	}
+	v, err := j.store.Transact(ctx, func(tx kv.Tx) (any, error) {
+		if err := j.promote(tx, typ); err != nil {
+			return nil, err
+		}
+		for _, p := range placements {
+			r := j.sub.RangeOf(tuple.Tuple{keyPending, typ, p})
+			r.End = j.sub.RangeOf(tuple.Tuple{keyPending, typ, p, maxPriority}).End
+			kvs, err := tx.Snapshot().GetRange(r, kv.RangeOptions{Limit: 1})
+			if err != nil {
+				return nil, err
+			}
+			if len(kvs) > 0 {
+				return result{ready: true}, nil
+			}
+		}
+		due, err := j.nextDue(tx, typ)
+		if err != nil {
+			return nil, err
+		}
+		return result{watch: tx.Watch(j.watchPendingKey(typ)), due: due}, nil
+	})
+	if err != nil {
+		return fmt.Errorf("wait for %s jobs: %w", typ, err)
+	}
+	res := v.(result)
+	if res.ready {
+		return nil
+	}
+	return j.waitQueue(ctx, res.watch, res.due)
+}
+
+// waitQueue sleeps until the pending watch w fires, the earliest scheduled
+// job is due (due, in ms, if not negative), the safety recheck passes, or
+// ctx is done; it cancels w.
+func (j *Jobs) waitQueue(ctx context.Context, w kv.Watch, due int64) error {
+	defer w.Cancel()
+	wait := safetyRecheck
+	if due >= 0 {
+		wait = min(wait, time.Duration(due-j.nowMs())*time.Millisecond)
+	}
+	return j.sleep(ctx, w, max(wait, time.Millisecond))
 }
 
 // promoteBatch bounds the due jobs one accept moves to the pending queue.
@@ -213,7 +268,7 @@ func (j *Jobs) sleep(ctx context.Context, w kv.Watch, d time.Duration) error {
 
 // acceptTx takes up to limit jobs. found reports whether any pending entry
 // was eligible, even if it turned out to be an orphan.
-func (j *Jobs) acceptTx(tx kv.Tx, typ string, placements []string, maxPriority int64, limit int, rank func(string) int) ([]*Job, bool, error) {
+func (j *Jobs) acceptTx(tx kv.Tx, typ string, placements []string, maxPriority int64, limit int, rank func(string, int) int) ([]*Job, bool, error) {
 	head := limit + j.opts.AcceptSpread
 	read := head
 	if rank != nil {
@@ -240,7 +295,6 @@ func (j *Jobs) acceptTx(tx kv.Tx, typ string, placements []string, maxPriority i
 			c := candidate{key: e.Key, priority: prio, id: id, placement: p}
 			if rank != nil {
 				c.group, _ = decodePendingValue(e.Value)
-				c.rank = rank(c.group)
 			}
 			cands = append(cands, c)
 		}
@@ -248,28 +302,24 @@ func (j *Jobs) acceptTx(tx kv.Tx, typ string, placements []string, maxPriority i
 	if len(cands) == 0 {
 		return nil, false, nil
 	}
-	if len(placements) > 1 || rank != nil {
-		slices.SortFunc(cands, func(a, b candidate) int {
-			if c := cmp.Compare(a.rank, b.rank); c != 0 {
-				return c
-			}
-			return cmp.Compare(a.priority, b.priority)
-		})
+	var chosen []candidate
+	if rank != nil {
+		chosen = rankedPick(cands, limit, rank)
+	} else {
+		if len(placements) > 1 {
+			slices.SortFunc(cands, func(a, b candidate) int { return cmp.Compare(a.priority, b.priority) })
+		}
+		cands = cands[:min(len(cands), head)]
+		// Choose limit of the head at random: a partial Fisher-Yates
+		// shuffle, so that concurrent acceptors rarely choose the same
+		// jobs.
+		n := min(limit, len(cands))
+		for i := range n {
+			k := i + mrand.IntN(len(cands)-i)
+			cands[i], cands[k] = cands[k], cands[i]
+		}
+		chosen = cands[:n]
 	}
-	// Choose limit of the head at random (a partial Fisher-Yates shuffle),
-	// so that concurrent acceptors rarely choose the same jobs; with a
-	// ranking, only among the best-ranked jobs of the head.
-	window := cands[:min(len(cands), head)]
-	if end := slices.IndexFunc(window, func(c candidate) bool { return c.rank != window[0].rank }); end >= limit {
-		window = window[:end]
-	} else if end >= 0 {
-		window = window[:0] // too few of the best rank: take the order as it is
-	}
-	for i := range min(limit, len(window)) {
-		k := i + mrand.IntN(len(window)-i)
-		window[i], window[k] = window[k], window[i]
-	}
-	chosen := cands[:min(limit, len(cands))]
 	slices.SortFunc(chosen, func(a, b candidate) int { return cmp.Compare(a.priority, b.priority) })
 	var jobs []*Job
 	for _, c := range chosen {
@@ -285,6 +335,44 @@ func (j *Jobs) acceptTx(tx kv.Tx, typ string, placements []string, maxPriority i
 		j.touchType(tx, typ)
 	}
 	return jobs, true, nil
+}
+
+// rankedPick chooses up to limit candidates one by one: each time the
+// lowest (rank, priority), ranks recomputed for the groups already picked
+// from. Candidates of a group are taken in priority order.
+func rankedPick(cands []candidate, limit int, rank func(string, int) int) []candidate {
+	byGroup := map[string][]candidate{}
+	var groups []string
+	for _, c := range cands {
+		if byGroup[c.group] == nil {
+			groups = append(groups, c.group)
+		}
+		byGroup[c.group] = append(byGroup[c.group], c)
+	}
+	for _, g := range groups {
+		slices.SortFunc(byGroup[g], func(a, b candidate) int { return cmp.Compare(a.priority, b.priority) })
+	}
+	picked := map[string]int{}
+	var out []candidate
+	for len(out) < limit {
+		best, bestRank := "", 0
+		for _, g := range groups {
+			if len(byGroup[g]) == picked[g] {
+				continue
+			}
+			r := rank(g, picked[g])
+			head := byGroup[g][picked[g]]
+			if best == "" || r < bestRank || r == bestRank && head.priority < byGroup[best][picked[best]].priority {
+				best, bestRank = g, r
+			}
+		}
+		if best == "" {
+			break
+		}
+		out = append(out, byGroup[best][picked[best]])
+		picked[best]++
+	}
+	return out
 }
 
 // take moves one pending job to running under a new lock. Only now is the

@@ -817,14 +817,14 @@ func TestAcceptRankAndPendingGroups(t *testing.T) {
 	if err != nil || counts["a"] != 5 || counts["b"] != 3 || counts["c"] != 1 {
 		t.Fatalf("pending groups %v, %v", counts, err)
 	}
-	rank := func(g string) int {
+	rank := func(g string, picked int) int {
 		if g == "b" {
 			return 0
 		}
 		return 1
 	}
 	got, err := j.Accept(ctx, typ, AcceptOptions{Node: "x", Limit: 2, Rank: rank})
-	if err != nil || len(got) != 2 || got[0].Group != "b" || got[1].Group != "b" {
+	if err != nil || len(got) != 2 || got[0].ID != "b0" || got[1].ID != "b1" {
 		t.Fatalf("accepted %v, %v", got, err)
 	}
 	got, _ = j.Accept(ctx, typ, AcceptOptions{Node: "x", Limit: 3, Rank: rank})
@@ -833,7 +833,63 @@ func TestAcceptRankAndPendingGroups(t *testing.T) {
 		ids = append(ids, job.ID)
 	}
 	// The b left first, then a's head in priority order.
-	if len(ids) != 3 || ids[0] != "a0" || ids[1] != "a1" || !strings.HasPrefix(ids[2], "b") {
+	if len(ids) != 3 || ids[0] != "a0" || ids[1] != "a1" || ids[2] != "b2" {
 		t.Fatalf("with one b left, took %v", ids)
+	}
+	// A rank that counts the batch's picks spreads a batch over groups.
+	for i := range 4 {
+		mustAdd(t, j, NewJob{ID: fmt.Sprint("c", i), Group: "c", Priority: 1})
+		mustAdd(t, j, NewJob{ID: fmt.Sprint("d", i), Group: "d", Priority: 2})
+	}
+	got, _ = j.Accept(ctx, typ, AcceptOptions{Node: "x", Limit: 4, Rank: func(g string, picked int) int {
+		if g == "c" || g == "d" {
+			return picked
+		}
+		return 100
+	}})
+	perGroup := map[string]int{}
+	for _, job := range got {
+		perGroup[job.Group]++
+	}
+	if perGroup["c"] != 2 || perGroup["d"] != 2 {
+		t.Fatalf("a batch of 4 took %v", perGroup)
+	}
+}
+
+// WaitPending returns at once when a job waits, and otherwise when one is
+// added, without taking it.
+func TestWaitPending(t *testing.T) {
+	t.Parallel()
+	j := newJobs(t, Options{})
+	o := AcceptOptions{Node: "n"}
+	done := make(chan error, 1)
+	go func() { done <- j.WaitPending(ctx, typ, o) }()
+	select {
+	case err := <-done:
+		t.Fatalf("returned with nothing pending: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	mustAdd(t, j, NewJob{ID: "w"})
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("did not return after an add")
+	}
+	if err := j.WaitPending(ctx, typ, o); err != nil {
+		t.Fatalf("with a job pending: %v", err)
+	}
+	if n, _ := j.PendingCount(ctx, typ, 0, 0); n != 1 {
+		t.Fatalf("WaitPending took the job: %d pending", n)
+	}
+	// A job for another node does not count.
+	j2 := newJobs(t, Options{})
+	mustAdd(t, j2, NewJob{ID: "elsewhere", Placement: OnNode("x")})
+	cctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if err := j2.WaitPending(cctx, typ, o); err == nil {
+		t.Fatal("returned for a job placed on another node")
 	}
 }

@@ -1,6 +1,8 @@
 package sched
 
 import (
+	"cmp"
+	"slices"
 	"sync"
 	"time"
 )
@@ -17,6 +19,7 @@ type Node struct {
 	runs    map[string]*Run
 	usage   map[string]float64 // this node's decayed usage per group
 	charges map[string]float64 // run time charged since the last roll-up
+	excess  map[string]float64 // preemptions owed per group; see Preempt
 }
 
 // Run is a job the node runs.
@@ -31,7 +34,7 @@ type Run struct {
 
 // NewNode returns a node's accounting.
 func NewNode(p Params) *Node {
-	return &Node{params: p, runs: map[string]*Run{}, usage: map[string]float64{}, charges: map[string]float64{}}
+	return &Node{params: p, runs: map[string]*Run{}, usage: map[string]float64{}, charges: map[string]float64{}, excess: map[string]float64{}}
 }
 
 // Start records a run the node starts. id names the run on the node (the
@@ -103,6 +106,112 @@ func (n *Node) Runs() []Run {
 	out := make([]Run, 0, len(n.runs))
 	for _, r := range n.runs {
 		out = append(out, *r)
+	}
+	return out
+}
+
+// Preempt chooses up to maxChurn of the node's continuous runs to stop
+// (they are resubmitted), among those that have run at least minRun,
+// the longest-running first:
+//
+//   - while a group with waiting jobs is below its fair target
+//     (Targets), runs of the groups above theirs: this node stops its
+//     part of each group's excess, carrying fractions over to the next
+//     interval (error diffusion), so that over time every group runs its
+//     exact share and nodes acting at once do not overshoot;
+//   - then, with the churn left, the longest run of each group that is at
+//     its share and has jobs waiting, so that a group's jobs take turns
+//     (CouchDB rotates its jobs the same way).
+//
+// groups is the cluster's state, with Pending filled in. One-shot runs are
+// never chosen.
+func (n *Node) Preempt(now time.Time, groups map[string]*Group, maxChurn int, minRun time.Duration) []string {
+	targets, _ := Targets(groups)
+	deficit := 0.0
+	for name, g := range groups {
+		if g.Pending > 0 {
+			deficit += max(targets[name]-float64(g.Running), 0)
+		}
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	local := map[string][]*Run{}
+	for _, r := range n.runs {
+		if r.Continuous && now.Sub(r.Started) >= minRun {
+			local[r.Group] = append(local[r.Group], r)
+		}
+	}
+	for _, runs := range local {
+		slices.SortFunc(runs, func(a, b *Run) int {
+			if c := a.Started.Compare(b.Started); c != 0 {
+				return c
+			}
+			return cmp.Compare(a.ID, b.ID)
+		})
+	}
+	var out []string
+	take := func(group string, k int) int {
+		taken := 0
+		for len(local[group]) > 0 && taken < k && len(out) < maxChurn {
+			out = append(out, local[group][0].ID)
+			local[group] = local[group][1:]
+			taken++
+		}
+		return taken
+	}
+	if deficit <= 1e-9 {
+		clear(n.excess)
+	} else {
+		names := make([]string, 0, len(groups))
+		for name := range groups {
+			names = append(names, name)
+		}
+		slices.Sort(names)
+		for _, name := range names {
+			g := groups[name]
+			mine := 0
+			for _, r := range n.runs {
+				if r.Group == name {
+					mine++
+				}
+			}
+			if g.Running == 0 || mine == 0 {
+				delete(n.excess, name)
+				continue
+			}
+			part := (float64(g.Running) - targets[name]) * float64(mine) / float64(g.Running)
+			acc := min(max(n.excess[name]+part, -1), 2)
+			if acc >= 1 {
+				acc -= float64(take(name, int(acc)))
+			}
+			n.excess[name] = acc
+		}
+	}
+	// Rotation: for each group at its share with jobs waiting, its
+	// longest run, so that its jobs take turns without the whole node
+	// churning at once; the queue puts the stopped job behind the others.
+	var rest []*Run
+	for name, runs := range local {
+		g := groups[name]
+		if g == nil || g.Pending == 0 || len(runs) == 0 {
+			continue
+		}
+		// At its share: not above it, and less than a job below.
+		if atShare := float64(g.Running) <= targets[name]+1e-9 && float64(g.Running) > targets[name]-1; atShare {
+			rest = append(rest, runs[0])
+		}
+	}
+	slices.SortFunc(rest, func(a, b *Run) int {
+		if c := a.Started.Compare(b.Started); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.ID, b.ID)
+	})
+	for _, r := range rest {
+		if len(out) >= maxChurn {
+			break
+		}
+		out = append(out, r.ID)
 	}
 	return out
 }

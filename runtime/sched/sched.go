@@ -1,16 +1,19 @@
-// Package sched holds the fair-share state of couchjobs: every job
+// Package sched is the fair-share scheduler of couchjobs: every job
 // belongs to a share group, every group has shares (default 100, 1 to
 // 1000, set cluster-wide at run time), and groups are charged the real
-// run time of their jobs, as in Kay and Lauder's "A Fair Share
-// Scheduler" and CouchDB 3.2's couch_replicator_share. Usage decays every
-// interval: usage = usage × UsageCoeff + charges.
+// run time of their jobs, as in Kay and Lauder's "A Fair Share Scheduler"
+// and CouchDB 3.2's couch_replicator_share. Usage decays every interval:
+// usage = usage × UsageCoeff + charges.
 //
 // Store keeps shares and usage in the store, one usage record per group
-// and node, so nodes never write the same key; Node does one node's
-// accounting; Targets divides the cluster's running jobs among groups in
-// proportion to their shares. The scheduler that acts on the targets
-// (which pending jobs start, which continuous jobs are preempted) builds
-// on these; docs/ARCHITECTURE.md says where it stands.
+// and node, so nodes never write the same key. Targets divides the
+// cluster's running jobs among the groups that want them in proportion to
+// their shares. Node does one node's part: it charges its runs and, every
+// interval, chooses which continuous runs to preempt so that every group
+// moves to its target and a group's jobs take turns; the host's acceptors
+// start the jobs of the groups furthest below their targets first
+// (jobs.AcceptOptions.Rank). docs/ARCHITECTURE.md explains why this and
+// not K&L's priority arithmetic.
 package sched
 
 import (

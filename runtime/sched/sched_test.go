@@ -2,8 +2,10 @@ package sched
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -186,5 +188,77 @@ func TestParams(t *testing.T) {
 		if _, err := bad.WithDefaults(); err == nil {
 			t.Errorf("%+v accepted", bad)
 		}
+	}
+}
+
+func TestPreempt(t *testing.T) {
+	t.Parallel()
+	p, _ := Params{Interval: time.Second}.WithDefaults()
+	t0 := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
+	later := t0.Add(time.Hour)
+	g := func(shares, running, pending int) *Group {
+		return &Group{Shares: shares, Running: running, Pending: pending}
+	}
+
+	// Over its share while another group waits: this node stops its
+	// part of the excess, the longest-running first, never a one-shot run.
+	n := NewNode(p)
+	n.Start("t/small-1", "small", true, t0)
+	n.Start("t/small-2", "small", true, t0.Add(time.Minute))
+	n.Start("t/small-oneshot", "small", false, t0.Add(-time.Hour))
+	n.Start("t/big-1", "big", true, t0)
+	groups := map[string]*Group{"big": g(300, 1, 5), "small": g(100, 3, 5)}
+	if got := n.Preempt(later, groups, 20, time.Minute); len(got) != 2 || got[0] != "t/small-1" || got[1] != "t/small-2" {
+		t.Fatalf("preempted %v; want small's two continuous runs, longest first", got)
+	}
+
+	// The churn limit, and min_run_time.
+	n = NewNode(p)
+	for i := range 6 {
+		n.Start(fmt.Sprint("t/s", i), "small", true, t0)
+	}
+	groups = map[string]*Group{"big": g(300, 0, 10), "small": g(100, 6, 10)}
+	if got := n.Preempt(t0.Add(30*time.Second), groups, 20, time.Minute); len(got) != 0 {
+		t.Fatalf("preempted %v before min_run_time", got)
+	}
+	if got := n.Preempt(later, groups, 2, time.Minute); len(got) != 2 {
+		t.Fatalf("preempted %d with max_churn 2", len(got))
+	}
+
+	// A fractional excess carries over (error diffusion): with 5 slots
+	// split 3.75 and 1.25, a group running 2 is 0.75 over, and gives up a
+	// run in 7 of 10 intervals.
+	n = NewNode(p)
+	n.Start("t/b1", "b", true, t0)
+	n.Start("t/b2", "b", true, t0)
+	stops := 0
+	for i := range 10 {
+		groups = map[string]*Group{"a": g(300, 3, 3), "b": g(100, 2, 3)}
+		for _, id := range n.Preempt(later.Add(time.Duration(i)*time.Second), groups, 20, 0) {
+			if !strings.HasPrefix(id, "t/b") {
+				t.Fatalf("preempted %s", id)
+			}
+			stops++
+			n.Stop(id, later)
+			n.Start(id, "b", true, later) // it runs again, here as elsewhere
+		}
+	}
+	if stops != 7 {
+		t.Fatalf("%d stops in 10 intervals for an excess of 0.75", stops)
+	}
+
+	// Rotation: a group at its share with waiting jobs gives up its
+	// longest run once per interval.
+	n = NewNode(p)
+	n.Start("t/old", "solo", true, t0)
+	n.Start("t/new", "solo", true, t0.Add(time.Minute))
+	groups = map[string]*Group{"solo": g(100, 2, 4)}
+	if got := n.Preempt(later, groups, 20, time.Minute); len(got) != 1 || got[0] != "t/old" {
+		t.Fatalf("rotation preempted %v", got)
+	}
+	// Nothing waits: nothing is preempted.
+	groups = map[string]*Group{"solo": g(100, 2, 0)}
+	if got := n.Preempt(later, groups, 20, time.Minute); len(got) != 0 {
+		t.Fatalf("preempted %v with nothing waiting", got)
 	}
 }

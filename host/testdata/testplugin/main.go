@@ -38,6 +38,7 @@ type spec struct {
 	Manage     bool   `json:"manage"`
 	MoveTo     string `json:"move_to"`
 	StopFile   string `json:"stop_file"`
+	Forever    bool   `json:"forever"`
 }
 
 // manage exercises every host service: it adds a child job of its own
@@ -121,6 +122,11 @@ func run(ctx context.Context, job *sdk.Job) error {
 			}
 		}()
 	}
+	if s.Forever {
+		// A continuous job: it runs until the host stops it.
+		<-ctx.Done()
+		return context.Cause(ctx)
+	}
 	if s.SleepMS > 0 {
 		t := time.NewTimer(time.Duration(s.SleepMS) * time.Millisecond)
 		defer t.Stop()
@@ -178,7 +184,8 @@ func main() {
 	p := &sdk.Plugin{
 		Name:    name,
 		Version: "0.0.1-test",
-		Types:   []sdk.Type{{Name: name, ActivityTimeout: timeout, Worker: sdk.WorkerFunc(run), Admit: admit}},
+		// "continuous" declares a continuous type, which may be preempted.
+		Types: []sdk.Type{{Name: name, ActivityTimeout: timeout, Worker: sdk.WorkerFunc(run), Admit: admit, Continuous: name == "continuous"}},
 		Configure: func(_ context.Context, c *sdk.Config) error {
 			var cfg struct {
 				Reject string `json:"reject"`
