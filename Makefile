@@ -12,7 +12,7 @@ BENCHTIME ?= 2s
 PROTOC_GEN_GO      := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
 
-.PHONY: all build build-fdb plugins run test test-race test-slow test-fdb check-fdb bench bench-thesis fuzz lint proto clean
+.PHONY: all build build-fdb plugins run test test-race test-slow test-fdb check-fdb bench bench-thesis bench-fairness fuzz lint proto clean
 
 all: lint test
 
@@ -66,6 +66,11 @@ bench:
 THESIS_SLEEP ?= 5
 bench-thesis:
 	$(GO) run ./plugins/shell/thesis -sleep $(THESIS_SLEEP)
+
+# The fair-share scheduler across two host processes (docs/BENCHMARKS.md):
+# shares under saturation, and a noisy neighbour; about 2 minutes.
+bench-fairness:
+	$(GO) run ./plugins/internal/benchfair
 
 FUZZTIME ?= 15s
 fuzz:

@@ -128,7 +128,8 @@ func (s *session) acceptor(ctx context.Context, t *pluginv1.JobType) {
 		}
 		free := 1 + s.p.tryAcquire(t.Name, maxStartBatch-1)
 		start := time.Now()
-		o := jobs.AcceptOptions{Node: n.cfg.Node.Name, Groups: n.cfg.Node.Groups, Limit: free, Rank: n.rank()}
+		o := jobs.AcceptOptions{Node: n.cfg.Node.Name, Groups: n.cfg.Node.Groups, Limit: free}
+		o.Rank, o.RankGroups = n.rank()
 		accepted, err := n.jobs.Accept(ctx, t.Name, o)
 		s.p.release(t.Name, free-len(accepted))
 		if errors.Is(err, jobs.ErrNoJobs) {

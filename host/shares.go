@@ -1,9 +1,11 @@
 package host
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,16 +29,33 @@ func (n *Node) accounting(ctx context.Context) {
 	if err := n.shares.SeedShares(ctx, n.cfg.Scheduler.Shares); err != nil && ctx.Err() == nil {
 		n.log.Error("seeding scheduler.shares failed", "error", err)
 	}
-	t := time.NewTicker(n.cfg.Scheduler.Interval.Duration)
-	defer t.Stop()
+	interval := n.cfg.Scheduler.Interval.Duration
+	// Nodes tick on the same wall-clock boundaries, so that they decide
+	// from the same published state, each taking its part of the
+	// cluster's correction, instead of one acting on what another has just
+	// changed.
+	next := func() <-chan time.Time {
+		now := time.Now()
+		return time.After(now.Truncate(interval).Add(interval).Sub(now))
+	}
+	tick := next()
+	// A quarter interval after scheduling, the node publishes again, so
+	// that the other nodes see the runs its decisions started and stopped.
+	var refresh <-chan time.Time
 	for {
 		select {
+		case <-refresh:
+			refresh = nil
+			if err := n.shares.Publish(ctx, n.cfg.Node.Name, n.acct.Report()); err != nil && ctx.Err() == nil {
+				n.log.Warn("publishing fair-share usage failed", "error", err)
+			}
 		case <-ctx.Done():
 			pctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			n.shares.Publish(pctx, n.cfg.Node.Name, n.acct.Tick(time.Now()))
 			cancel()
 			return
-		case now := <-t.C:
+		case now := <-tick:
+			tick = next()
 			if err := n.shares.Publish(ctx, n.cfg.Node.Name, n.acct.Tick(now)); err != nil && ctx.Err() == nil {
 				n.log.Warn("publishing fair-share usage failed", "error", err)
 				continue
@@ -44,6 +63,7 @@ func (n *Node) accounting(ctx context.Context) {
 			if err := n.schedule(ctx, now); err != nil && ctx.Err() == nil {
 				n.log.Warn("scheduling failed", "error", err)
 			}
+			refresh = time.After(interval / 4)
 		}
 	}
 }
@@ -202,12 +222,25 @@ func (n *Node) schedule(ctx context.Context, now time.Time) error {
 		}
 	}
 	view.contested = waiting > 0 && wanting > 1
+	for name, g := range groups {
+		if g.Pending > 0 && float64(g.Running) < targets[name] {
+			view.under = append(view.under, name)
+		}
+	}
+	slices.SortFunc(view.under, func(a, b string) int {
+		return cmp.Compare(groups[a].Running*1000/max(int(targets[a]*1000), 1), groups[b].Running*1000/max(int(targets[b]*1000), 1))
+	})
+	view.under = view.under[:min(len(view.under), maxRankGroups)]
 	n.view.Store(view)
 	if n.cfg.Scheduler.MaxChurn < 0 {
 		return nil
 	}
-	for _, id := range n.acct.Preempt(now, groups, n.cfg.Scheduler.MaxChurn, n.cfg.Scheduler.MinRunTime.Duration) {
+	victims := n.acct.Preempt(now, groups, n.cfg.Scheduler.MaxChurn, n.cfg.Scheduler.MinRunTime.Duration)
+	for _, id := range victims {
 		n.preempt(id)
+	}
+	if len(victims) > 0 && n.log.IsDebug() {
+		n.log.Debug("preempted", "jobs", len(victims), "targets", targets)
 	}
 	return nil
 }
@@ -221,7 +254,13 @@ type schedView struct {
 	// contested: jobs wait and more than one group wants slots; otherwise
 	// ranking has nothing to decide, and acceptors skip its longer reads.
 	contested bool
+	// under are the groups with jobs waiting below their share, the
+	// furthest below first: acceptors look their jobs up by group.
+	under []string
 }
+
+// maxRankGroups bounds the groups an acceptor looks up by group.
+const maxRankGroups = 16
 
 func localCounts(runs []sched.Run) map[string]int {
 	m := map[string]int{}
@@ -237,10 +276,10 @@ func localCounts(runs []sched.Run) map[string]int {
 // interval's, corrected by this node's starts and stops since, so that a
 // node filling several slots within an interval does not give them all to
 // the group that was furthest behind.
-func (n *Node) rank() func(string, int) int {
+func (n *Node) rank() (func(string, int) int, []string) {
 	v := n.view.Load()
 	if v == nil || !v.contested {
-		return nil
+		return nil, nil
 	}
 	now := localCounts(n.acct.Runs())
 	return func(g string, picked int) int {
@@ -250,7 +289,7 @@ func (n *Node) rank() func(string, int) int {
 		}
 		running := v.running[g] - float64(v.local[g]) + float64(now[g]+picked)
 		return int(100 * running / target)
-	}
+	}, v.under
 }
 
 // runningTypes lists the job types of this node's running plugins.

@@ -38,6 +38,10 @@ type AcceptOptions struct {
 	// rank; picked is how many of the group's jobs this Accept already
 	// chose, so a batch spreads over groups as they fall behind.
 	Rank func(group string, picked int) int
+	// RankGroups are groups the caller wants to start jobs of first (those
+	// furthest below their share): their jobs are looked up in the queue by
+	// group, so they are found however far back the queue holds them.
+	RankGroups []string
 }
 
 // RankWindow is how many entries per placement a ranking acceptor reads.
@@ -103,13 +107,13 @@ func (j *Jobs) Accept(ctx context.Context, typ string, o AcceptOptions) ([]*Job,
 				}
 				promoted = true
 			}
-			jobs, found, err := j.acceptTx(tx, typ, placements, maxPriority, limit, o.Rank)
+			jobs, found, err := j.acceptTx(tx, typ, placements, maxPriority, limit, o.Rank, o.RankGroups)
 			if err == nil && !found && !promoted {
 				// Nothing else to do: due jobs must not wait.
 				if err := j.promote(tx, typ); err != nil {
 					return nil, err
 				}
-				jobs, found, err = j.acceptTx(tx, typ, placements, maxPriority, limit, o.Rank)
+				jobs, found, err = j.acceptTx(tx, typ, placements, maxPriority, limit, o.Rank, o.RankGroups)
 			}
 			if err != nil || len(jobs) > 0 || found || !o.Wait {
 				return result{jobs: jobs}, err
@@ -268,7 +272,7 @@ func (j *Jobs) sleep(ctx context.Context, w kv.Watch, d time.Duration) error {
 
 // acceptTx takes up to limit jobs. found reports whether any pending entry
 // was eligible, even if it turned out to be an orphan.
-func (j *Jobs) acceptTx(tx kv.Tx, typ string, placements []string, maxPriority int64, limit int, rank func(string, int) int) ([]*Job, bool, error) {
+func (j *Jobs) acceptTx(tx kv.Tx, typ string, placements []string, maxPriority int64, limit int, rank func(string, int) int, rankGroups []string) ([]*Job, bool, error) {
 	head := limit + j.opts.AcceptSpread
 	read := head
 	if rank != nil {
@@ -298,6 +302,13 @@ func (j *Jobs) acceptTx(tx kv.Tx, typ string, placements []string, maxPriority i
 			}
 			cands = append(cands, c)
 		}
+	}
+	if rank != nil && len(rankGroups) > 0 {
+		more, err := j.groupHeads(tx, typ, placements, maxPriority, limit, rankGroups, cands)
+		if err != nil {
+			return nil, false, err
+		}
+		cands = append(cands, more...)
 	}
 	if len(cands) == 0 {
 		return nil, false, nil
@@ -335,6 +346,40 @@ func (j *Jobs) acceptTx(tx kv.Tx, typ string, placements []string, maxPriority i
 		j.touchType(tx, typ)
 	}
 	return jobs, true, nil
+}
+
+// groupHeads reads the first jobs of each group in groups, per placement,
+// from the queue by group, leaving out those already among have.
+func (j *Jobs) groupHeads(tx kv.Tx, typ string, placements []string, maxPriority int64, limit int, groups []string, have []candidate) ([]candidate, error) {
+	seen := make(map[string]bool, len(have))
+	for _, c := range have {
+		seen[string(c.key)] = true
+	}
+	var out []candidate
+	for _, g := range groups {
+		for _, p := range placements {
+			r := j.sub.RangeOf(tuple.Tuple{keyGroupIndex, typ, g, p})
+			r.End = j.sub.RangeOf(tuple.Tuple{keyGroupIndex, typ, g, p, maxPriority}).End
+			kvs, err := tx.Snapshot().GetRange(r, kv.RangeOptions{Limit: limit + j.opts.AcceptSpread})
+			if err != nil {
+				return nil, err
+			}
+			for _, e := range kvs {
+				t, err := j.sub.Unpack(e.Key)
+				if err != nil || len(t) != 6 {
+					return nil, fmt.Errorf("malformed group index entry: %v", err)
+				}
+				prio, _ := t[4].(int64)
+				id, _ := t[5].(string)
+				key := j.pendingKey(typ, p, prio, id)
+				if !seen[string(key)] {
+					seen[string(key)] = true
+					out = append(out, candidate{key: key, priority: prio, id: id, placement: p, group: g})
+				}
+			}
+		}
+	}
+	return out, nil
 }
 
 // rankedPick chooses up to limit candidates one by one: each time the

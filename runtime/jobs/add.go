@@ -450,10 +450,17 @@ func decodePendingValue(v []byte) (group string, secondary bool) {
 	return group, len(t) > 1
 }
 
-// setPending writes a due pending job's queue entries.
+// setPending writes a due pending job's queue entries, and their entries
+// in the queue by group, where a ranking acceptor finds a group's jobs
+// however far back the queue holds them.
 func (j *Jobs) setPending(tx kv.Tx, typ, id string, r *record) {
 	for i, q := range Placement(r.placement).queues() {
 		tx.Set(j.pendingKey(typ, q, r.priority, id), pendingValue(r.group, i > 0))
+		var mark []byte
+		if i > 0 {
+			mark = []byte{1} // counted once, like the queue's own entries
+		}
+		tx.Set(j.groupIndexKey(typ, r.group, q, r.priority, id), mark)
 	}
 }
 
@@ -461,5 +468,6 @@ func (j *Jobs) setPending(tx kv.Tx, typ, id string, r *record) {
 func (j *Jobs) clearPending(tx kv.Tx, typ, id string, r *record) {
 	for _, q := range Placement(r.placement).queues() {
 		tx.Clear(j.pendingKey(typ, q, r.priority, id))
+		tx.Clear(j.groupIndexKey(typ, r.group, q, r.priority, id))
 	}
 }

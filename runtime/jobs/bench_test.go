@@ -190,3 +190,54 @@ func reportLatencies(b *testing.B, lat []time.Duration) {
 	b.ReportMetric(us(lat[len(lat)/2]), "p50-µs")
 	b.ReportMetric(us(lat[min(len(lat)-1, len(lat)*99/100)]), "p99-µs")
 }
+
+// BenchmarkAcceptRanked measures the fair-share scheduler's decision at
+// accept time with 100 and 100,000 jobs pending: the queue's head belongs
+// to a flooding group, and the acceptor must find a job of the group below
+// its share (10 queued at the back) through the queue by group. The
+// queue is topped up after each accept, outside the timing. PendingGroups,
+// the scheduler's per-interval read, is measured alike.
+func BenchmarkAcceptRanked(b *testing.B) {
+	rank := func(g string, picked int) int {
+		if g == "under" {
+			return picked
+		}
+		return 100
+	}
+	for _, pending := range []int{100, 100_000} {
+		b.Run(fmt.Sprintf("pending=%d", pending), func(b *testing.B) {
+			j := newJobs(b, Options{})
+			fill(b, j, "flood", pending)
+			for i := range 10 {
+				mustAdd(b, j, NewJob{ID: fmt.Sprintf("under-%d", i), Group: "under"})
+			}
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			for i := range b.N {
+				start := time.Now()
+				got, err := j.Accept(ctx, typ, AcceptOptions{Rank: rank, RankGroups: []string{"under"}})
+				lat = append(lat, time.Since(start))
+				if err != nil || got[0].Group != "under" {
+					b.Fatalf("accepted %v, %v", got, err)
+				}
+				b.StopTimer()
+				if err := j.Finish(ctx, got[0], nil); err != nil {
+					b.Fatal(err)
+				}
+				mustAdd(b, j, NewJob{ID: fmt.Sprintf("under-top-%d", i), Group: "under"})
+				b.StartTimer()
+			}
+			reportLatencies(b, lat)
+		})
+		b.Run(fmt.Sprintf("PendingGroups/pending=%d", pending), func(b *testing.B) {
+			j := newJobs(b, Options{})
+			fill(b, j, "flood", pending)
+			b.ResetTimer()
+			for range b.N {
+				if _, err := j.PendingGroups(ctx, typ, 10_000); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

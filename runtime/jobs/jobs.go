@@ -82,6 +82,7 @@ const (
 	keyActivity        = 6 // (6, type, versionstamp, id) = "", one per running job
 	keyWatchStop       = 7 // (7, type) = versionstamp of the last cancel or removal of a running job
 	keyDelayed         = 8 // (8, type, due_ms, id) = "", pending jobs not due yet
+	keyGroupIndex      = 9 // (9, type, group, placement, priority, id) = "", the pending queue by share group
 )
 
 // Options configure a Jobs layer.
@@ -187,6 +188,10 @@ func (j *Jobs) dataKey(typ, id string) []byte { return j.sub.Pack(tuple.Tuple{ke
 
 func (j *Jobs) pendingKey(typ, placement string, priority int64, id string) []byte {
 	return j.sub.Pack(tuple.Tuple{keyPending, typ, placement, priority, id})
+}
+
+func (j *Jobs) groupIndexKey(typ, group, placement string, priority int64, id string) []byte {
+	return j.sub.Pack(tuple.Tuple{keyGroupIndex, typ, group, placement, priority, id})
 }
 
 func (j *Jobs) delayedKey(typ string, due int64, id string) []byte {

@@ -333,26 +333,44 @@ func (j *Jobs) Types(ctx context.Context) ([]TypeInfo, error) {
 	return out, nil
 }
 
-// PendingGroups counts a type's due pending jobs by share group, reading at
-// most limit queue entries (0: 10,000), from the front of each placement's
-// queue: the scheduler's view of who waits, at a bounded cost. A group
-// with more jobs than were read counts what was read.
+// PendingGroups counts a type's due pending jobs by share group, up to
+// limit per group (0: 10,000), from the queue by group: the scheduler's
+// view of who waits, at a cost bounded by the number of groups waiting.
+// Jobs queued before the queue by group existed are not seen.
 func (j *Jobs) PendingGroups(ctx context.Context, typ string, limit int) (map[string]int, error) {
 	if limit <= 0 {
 		limit = 10_000
 	}
 	v, err := j.store.ReadTransact(ctx, func(tx kv.ReadTx) (any, error) {
-		kvs, err := tx.Snapshot().GetRange(j.sub.RangeOf(tuple.Tuple{keyPending, typ}), kv.RangeOptions{Limit: limit})
-		if err != nil {
-			return nil, err
-		}
+		snap := tx.Snapshot()
+		all := j.sub.RangeOf(tuple.Tuple{keyGroupIndex, typ})
+		begin := all.Begin
 		counts := map[string]int{}
-		for _, e := range kvs {
-			if g, secondary := decodePendingValue(e.Value); !secondary {
-				counts[g]++
+		for {
+			first, err := snap.GetRange(kv.Range{Begin: begin, End: all.End}, kv.RangeOptions{Limit: 1})
+			if err != nil {
+				return nil, err
 			}
+			if len(first) == 0 {
+				return counts, nil
+			}
+			t, err := j.sub.Unpack(first[0].Key)
+			if err != nil || len(t) != 6 {
+				return nil, fmt.Errorf("malformed group index entry: %v", err)
+			}
+			g, _ := t[2].(string)
+			group := j.sub.RangeOf(tuple.Tuple{keyGroupIndex, typ, g})
+			kvs, err := snap.GetRange(group, kv.RangeOptions{Limit: limit})
+			if err != nil {
+				return nil, err
+			}
+			for _, e := range kvs {
+				if len(e.Value) == 0 {
+					counts[g]++
+				}
+			}
+			begin = group.End
 		}
-		return counts, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("pending groups of %s: %w", typ, err)

@@ -83,12 +83,26 @@ func (n *Node) Tick(now time.Time) map[string]Report {
 		n.usage[g] += c
 	}
 	clear(n.charges)
-	out := map[string]Report{}
 	for g, u := range n.usage {
 		if u < 1e-9 {
 			delete(n.usage, g)
-			continue
 		}
+	}
+	return n.report()
+}
+
+// Report returns the node's reports as they stand, without rolling usage
+// up: for publishing between intervals, so that other nodes see the runs
+// this node started or stopped since.
+func (n *Node) Report() map[string]Report {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.report()
+}
+
+func (n *Node) report() map[string]Report {
+	out := map[string]Report{}
+	for g, u := range n.usage {
 		out[g] = Report{Usage: u}
 	}
 	for _, r := range n.runs {
@@ -180,7 +194,9 @@ func (n *Node) Preempt(now time.Time, groups map[string]*Group, maxChurn int, mi
 				continue
 			}
 			part := (float64(g.Running) - targets[name]) * float64(mine) / float64(g.Running)
-			acc := min(max(n.excess[name]+part, -1), 2)
+			// The carry is at most one run either way; a large excess is
+			// acted on at once.
+			acc := min(max(n.excess[name]+part, -1), max(part, 0)+1)
 			if acc >= 1 {
 				acc -= float64(take(name, int(acc)))
 			}

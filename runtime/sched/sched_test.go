@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -260,5 +261,75 @@ func TestPreempt(t *testing.T) {
 	groups = map[string]*Group{"solo": g(100, 2, 0)}
 	if got := n.Preempt(later, groups, 20, time.Minute); len(got) != 0 {
 		t.Fatalf("preempted %v with nothing waiting", got)
+	}
+}
+
+// Shares changed at run time move the targets, and with them which
+// group's runs are preempted, from the next interval on.
+func TestSharesChangedAtRunTime(t *testing.T) {
+	t.Parallel()
+	s, c := newStore(t)
+	p, _ := Params{Interval: time.Minute}.WithDefaults()
+	n := NewNode(p)
+	for i := range 4 {
+		n.Start(fmt.Sprint("t/x", i), "x", true, c.now())
+		n.Start(fmt.Sprint("t/y", i), "y", true, c.now())
+	}
+	groups := func() map[string]*Group {
+		s.Publish(ctx, "n", n.Report())
+		gs, err := s.Groups(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs["x"].Pending, gs["y"].Pending = 10, 10
+		return gs
+	}
+	c.advance(time.Hour)
+	if got := n.Preempt(c.now(), groups(), 20, 0); len(got) != 2 {
+		// Equal shares, 4 and 4 running: only rotation, one run each.
+		t.Fatalf("with equal shares, preempted %v", got)
+	}
+	s.SetShares(ctx, "x", 300)
+	got := n.Preempt(c.now(), groups(), 20, 0)
+	ys := 0
+	for _, id := range got {
+		if strings.HasPrefix(id, "t/y") {
+			ys++
+		}
+	}
+	// Targets now 6 and 2: y gives up its 2 runs of excess.
+	if ys != 2 {
+		t.Fatalf("after x got 300 shares, preempted %v", got)
+	}
+}
+
+// A group with 1 share among 1000-share runs still gets its turn: its
+// fractional target builds up until a run is preempted for it.
+func TestNoStarvation(t *testing.T) {
+	t.Parallel()
+	p, _ := Params{Interval: time.Minute}.WithDefaults()
+	n := NewNode(p)
+	t0 := time.Date(2026, 6, 1, 0, 0, 0, 0, time.UTC)
+	for i := range 5 {
+		n.Start(fmt.Sprint("t/rich", i), "rich", true, t0)
+	}
+	groups := map[string]*Group{"rich": {Shares: 1000, Running: 5, Pending: 50}, "poor": {Shares: 1, Pending: 1}}
+	for i := 1; ; i++ {
+		if i > 250 {
+			t.Fatal("the poor group's job never got a slot in 250 intervals")
+		}
+		got := n.Preempt(t0.Add(time.Duration(i)*time.Minute), groups, 20, 0)
+		if slices.ContainsFunc(got, func(id string) bool { return !strings.HasPrefix(id, "t/rich") }) {
+			t.Fatalf("preempted %v", got)
+		}
+		// Rich is above its share by 5/1001 of a slot, so it does not
+		// rotate; the fraction adds up to a whole run after ~200 intervals.
+		if len(got) > 0 {
+			if i < 150 {
+				t.Fatalf("a rich run was preempted after %d intervals; the poor share is 5/1001 of a slot", i)
+			}
+			t.Logf("a rich run was given up for the poor group after %d intervals", i)
+			break
+		}
 	}
 }

@@ -40,6 +40,22 @@ func Build(ctx context.Context, bin string, plugins ...Plugin) error {
 	return nil
 }
 
+// Workspace makes a temporary directory for a benchmark's clusters and
+// builds the binaries into its bin; remove the directory when done.
+func Workspace(ctx context.Context, name string, plugins ...Plugin) (dir, bin string, err error) {
+	dir, err = os.MkdirTemp("", "couchjobs-"+name+"-")
+	if err != nil {
+		return "", "", err
+	}
+	bin = filepath.Join(dir, "bin")
+	fmt.Fprintln(os.Stderr, "building couchjobs and its plugins...")
+	if err := Build(ctx, bin, plugins...); err != nil {
+		os.RemoveAll(dir)
+		return "", "", err
+	}
+	return dir, bin, nil
+}
+
 // Options shape a cluster.
 type Options struct {
 	// Bin is where Build put the binaries.
@@ -47,6 +63,8 @@ type Options struct {
 	// Plugin is the plugin every node runs, and Config its
 	// [plugins.<Plugin>.config] table, as TOML lines.
 	Plugin, Config string
+	// Scheduler holds extra [scheduler] lines (max_jobs, interval, ...).
+	Scheduler string
 	// Workers is each node's worker count for the plugin (max_jobs).
 	Workers int
 	// ActivityTimeout is how soon a dead node's job goes elsewhere.
@@ -115,12 +133,13 @@ level = "warn"
 [scheduler]
 min_backoff = "100ms"
 max_backoff = "1s"
+%s
 [plugins.%s]
 max_jobs = %d
 activity_timeout = %q
 [plugins.%s.config]
 %s
-`, filepath.Join(c.opts.Bin, "plugins"), name, gs, addr, c.opts.Plugin, c.opts.Workers, c.opts.ActivityTimeout, c.opts.Plugin, c.opts.Config)
+`, filepath.Join(c.opts.Bin, "plugins"), name, gs, addr, c.opts.Scheduler, c.opts.Plugin, c.opts.Workers, c.opts.ActivityTimeout, c.opts.Plugin, c.opts.Config)
 	path := filepath.Join(c.dir, name+".toml")
 	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
 		return nil, err

@@ -65,16 +65,11 @@ func scenarios() []scenario {
 
 func run(sleep float64, only []string, verbose bool) error {
 	ctx := context.Background()
-	work, err := os.MkdirTemp("", "couchjobs-thesis-")
+	work, bin, err := cluster.Workspace(ctx, "thesis", shelltest.Plugin)
 	if err != nil {
 		return err
 	}
 	defer os.RemoveAll(work)
-	bin := filepath.Join(work, "bin")
-	fmt.Fprintln(os.Stderr, "building couchjobs and the shell plugin...")
-	if err := cluster.Build(ctx, bin, shelltest.Plugin); err != nil {
-		return err
-	}
 	var logs io.Writer
 	if verbose {
 		logs = os.Stderr
