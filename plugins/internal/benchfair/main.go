@@ -32,7 +32,7 @@ import (
 const typ = "continuous"
 
 func main() {
-	window := flag.Duration("window", 10*time.Second, "length of a measurement window")
+	window := flag.Duration("window", 20*time.Second, "length of a measurement window")
 	windows := flag.Int("windows", 6, "measurement windows")
 	slots := flag.Int("slots", 10, "job slots per node (2 nodes)")
 	interval := flag.Duration("interval", time.Second, "scheduler.interval")
