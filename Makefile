@@ -68,7 +68,7 @@ bench-thesis:
 	$(GO) run ./plugins/shell/thesis -sleep $(THESIS_SLEEP)
 
 # The fair-share scheduler across two host processes (docs/BENCHMARKS.md):
-# shares under saturation, and a noisy neighbour; about 2 minutes.
+# shares under saturation, and a noisy neighbour; about 3 minutes.
 bench-fairness:
 	$(GO) run ./plugins/internal/benchfair
 
