@@ -432,6 +432,11 @@ func (j *Jobs) take(tx kv.Tx, typ string, c candidate) (*Job, error) {
 	}
 	if r == nil || r.state != Pending || r.priority != c.priority || !slices.Contains(Placement(r.placement).queues(), c.placement) {
 		// An entry without a matching job: nothing refers to it any more.
+		// Its entry in the queue by group goes too, where the group is
+		// known, so that ranked lookups do not keep finding it.
+		if c.group != "" {
+			tx.Clear(j.groupIndexKey(typ, c.group, c.placement, c.priority, c.id))
+		}
 		j.log.Warn("cleared an orphaned pending entry", "type", typ, "id", c.id, "priority", c.priority)
 		return nil, nil
 	}

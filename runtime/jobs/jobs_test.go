@@ -893,3 +893,35 @@ func TestWaitPending(t *testing.T) {
 		t.Fatal("returned for a job placed on another node")
 	}
 }
+
+// An entry of the queue by group whose job is gone is cleared when a
+// ranked acceptor finds it, and does not hide the group's real jobs.
+func TestStaleGroupIndexEntry(t *testing.T) {
+	t.Parallel()
+	j := newJobs(t, Options{})
+	if _, err := j.store.Transact(ctx, func(tx kv.Tx) (any, error) {
+		tx.Set(j.groupIndexKey(typ, "g", string(AnyNode), 0, "ghost"), nil)
+		return nil, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	mustAdd(t, j, NewJob{ID: "real", Group: "g", Priority: 5})
+	rank := func(string, int) int { return 0 }
+	var got []string
+	for range 2 {
+		jobs, err := j.Accept(ctx, typ, AcceptOptions{Rank: rank, RankGroups: []string{"g"}})
+		if err != nil && !errors.Is(err, ErrNoJobs) {
+			t.Fatal(err)
+		}
+		for _, job := range jobs {
+			got = append(got, job.ID)
+		}
+	}
+	if fmt.Sprint(got) != "[real]" {
+		t.Fatalf("took %v", got)
+	}
+	counts, _ := j.PendingGroups(ctx, typ, 0)
+	if counts["g"] != 0 {
+		t.Fatalf("the stale entry is still counted: %v", counts)
+	}
+}
