@@ -424,7 +424,7 @@ func (n *Node) getMetrics(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(&b, "couchjobs_running_jobs{node=%q} %d\n", n.cfg.Node.Name, running)
 	b.WriteString("# HELP couchjobs_accepted_jobs_total Jobs this node accepted.\n# TYPE couchjobs_accepted_jobs_total counter\n")
 	fmt.Fprintf(&b, "couchjobs_accepted_jobs_total %d\n", n.metrics.accepts.Load())
-	b.WriteString("# HELP couchjobs_accept_seconds_total Time spent in accept transactions, waiting included.\n# TYPE couchjobs_accept_seconds_total counter\n")
+	b.WriteString("# HELP couchjobs_accept_seconds_total Time spent in accept transactions (not in waiting for jobs).\n# TYPE couchjobs_accept_seconds_total counter\n")
 	fmt.Fprintf(&b, "couchjobs_accept_seconds_total %g\n", time.Duration(n.metrics.acceptNanos.Load()).Seconds())
 	b.WriteString("# HELP couchjobs_plugin_restarts_total Plugin relaunches after a crash or exit.\n# TYPE couchjobs_plugin_restarts_total counter\n")
 	ps := n.Plugins()
