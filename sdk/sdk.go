@@ -35,6 +35,7 @@
 package sdk
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -134,9 +135,13 @@ type Config struct {
 	Host *Host
 }
 
-// Decode unmarshals the configuration table into v.
+// Decode unmarshals the configuration table into v, strictly: a key v has
+// no field for is an error naming it, so a misspelt option does not pass
+// unnoticed.
 func (c *Config) Decode(v any) error {
-	if err := json.Unmarshal(c.JSON, v); err != nil {
+	dec := json.NewDecoder(bytes.NewReader(c.JSON))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
 		return ConfigErrors{{Key: "", Message: err.Error()}}
 	}
 	return nil

@@ -43,6 +43,11 @@ func TestConfigErrors(t *testing.T) {
 	if !errors.As(err, &ces) || len(ces) != 2 || ces[0].Key != "max_bytes" || ces[1].Key != "chunk_words" {
 		t.Fatalf("configure: %v", err)
 	}
+	// A misspelt key is an error that names it.
+	err = configure(context.Background(), &sdk.Config{JSON: json.RawMessage(`{"max_byte":10}`)})
+	if err == nil || !strings.Contains(err.Error(), `unknown field "max_byte"`) {
+		t.Fatalf("a misspelt key: %v", err)
+	}
 }
 
 func TestSummarize(t *testing.T) {

@@ -1,8 +1,6 @@
 package peruser
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"net/url"
 	"regexp"
@@ -55,10 +53,8 @@ var serverName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 // configure decodes and checks the table; errors name the key.
 func configure(c *sdk.Config) (*Config, error) {
 	cfg := &Config{}
-	dec := json.NewDecoder(bytes.NewReader(c.JSON))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(cfg); err != nil {
-		return nil, sdk.ConfigErrors{{Message: err.Error()}}
+	if err := c.Decode(cfg); err != nil {
+		return nil, err
 	}
 	var errs sdk.ConfigErrors
 	bad := func(key, format string, args ...any) {

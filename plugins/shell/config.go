@@ -1,8 +1,6 @@
 package shell
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/user"
@@ -50,10 +48,8 @@ const (
 // configure decodes and checks the table; errors name the key.
 func configure(c *sdk.Config) (*Config, error) {
 	cfg := &Config{}
-	dec := json.NewDecoder(bytes.NewReader(c.JSON))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(cfg); err != nil {
-		return nil, sdk.ConfigErrors{{Message: err.Error()}}
+	if err := c.Decode(cfg); err != nil {
+		return nil, err
 	}
 	cfg.node, cfg.groups = c.Node, c.Groups
 	var errs sdk.ConfigErrors
