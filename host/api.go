@@ -440,7 +440,7 @@ func (n *Node) getMetrics(w http.ResponseWriter, r *http.Request) {
 			{"couchjobs_group_shares", "Shares of each share group.", func(g GroupJSON) float64 { return float64(g.Shares) }},
 			{"couchjobs_group_usage_seconds", "Decayed run time charged to each share group.", func(g GroupJSON) float64 { return g.Usage }},
 			{"couchjobs_group_running", "Running jobs of each share group in the cluster.", func(g GroupJSON) float64 { return float64(g.Running) }},
-			{"couchjobs_group_pending", "Pending jobs of each share group (counted up to 100000 per type).", func(g GroupJSON) float64 { return float64(g.Pending) }},
+			{"couchjobs_group_pending", "Pending jobs of each share group (counted up to 10000 per group and type).", func(g GroupJSON) float64 { return float64(g.Pending) }},
 			{"couchjobs_group_effective_share", "Each share group's fraction of the cluster's usage.", func(g GroupJSON) float64 { return g.EffectiveShare }},
 		} {
 			fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s gauge\n", m.name, m.help, m.name)

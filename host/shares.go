@@ -80,42 +80,21 @@ type GroupJSON struct {
 	EffectiveShare float64 `json:"effective_share"`
 }
 
-// pendingScanLimit bounds the pending jobs GET /shares counts per type.
-const pendingScanLimit = 100_000
-
 // Groups returns every share group the cluster knows of: with shares set,
-// usage recorded, or jobs waiting to run (due, counted up to 100,000 per
-// type).
+// usage recorded, or jobs waiting to run (of any type, due, counted up to
+// 10,000 per group and type).
 func (n *Node) Groups(ctx context.Context) ([]GroupJSON, error) {
-	groups, err := n.shares.Groups(ctx)
-	if err != nil {
-		return nil, err
-	}
 	types, err := n.jobs.Types(ctx)
 	if err != nil {
 		return nil, err
 	}
-	for _, t := range types {
-		seen := 0
-		now := time.Now()
-		err := n.jobs.Fold(ctx, t.Name, jobs.ListOptions{State: jobs.Pending, Limit: 1000}, func(in jobs.Info) error {
-			if in.Due.After(now) {
-				return nil // scheduled for later: not waiting yet
-			}
-			g := groups[in.Group]
-			if g == nil {
-				g = &sched.Group{Name: in.Group, Shares: sched.DefaultShares}
-				groups[in.Group] = g
-			}
-			g.Pending++
-			if seen++; seen >= pendingScanLimit {
-				return errStopFold
-			}
-			return nil
-		})
-		if err != nil && err != errStopFold {
-			return nil, err
-		}
+	names := make([]string, len(types))
+	for i, t := range types {
+		names[i] = t.Name
+	}
+	groups, err := n.groups(ctx, names)
+	if err != nil {
+		return nil, err
 	}
 	targets, effective := sched.Targets(groups)
 	out := []GroupJSON{}
@@ -123,6 +102,27 @@ func (n *Node) Groups(ctx context.Context) ([]GroupJSON, error) {
 		out = append(out, GroupJSON{Group: *g, Target: targets[g.Name], EffectiveShare: effective[g.Name]})
 	}
 	return out, nil
+}
+
+// groups reads the cluster's groups, with the jobs of types waiting.
+func (n *Node) groups(ctx context.Context, types []string) (map[string]*sched.Group, error) {
+	groups, err := n.shares.Groups(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, typ := range types {
+		counts, err := n.jobs.PendingGroups(ctx, typ, pendingScanPerType)
+		if err != nil {
+			return nil, err
+		}
+		for g, c := range counts {
+			if groups[g] == nil {
+				groups[g] = &sched.Group{Name: g, Shares: sched.DefaultShares}
+			}
+			groups[g].Pending += c
+		}
+	}
+	return groups, nil
 }
 
 func (n *Node) getShares(w http.ResponseWriter, r *http.Request) {
@@ -183,8 +183,8 @@ func validGroup(g string) error {
 	return nil
 }
 
-// pendingScanPerType bounds the queue entries a node reads per type and
-// interval to see who waits.
+// pendingScanPerType bounds the waiting jobs a node counts per group and
+// type, each interval and for GET /shares.
 const pendingScanPerType = 10_000
 
 // schedule is the interval's scheduling: from the cluster's groups (their
@@ -193,21 +193,9 @@ const pendingScanPerType = 10_000
 // first, and preempts continuous runs to move toward the targets and to
 // let waiting jobs take turns.
 func (n *Node) schedule(ctx context.Context, now time.Time) error {
-	groups, err := n.shares.Groups(ctx)
+	groups, err := n.groups(ctx, n.runningTypes())
 	if err != nil {
 		return err
-	}
-	for _, typ := range n.runningTypes() {
-		counts, err := n.jobs.PendingGroups(ctx, typ, pendingScanPerType)
-		if err != nil {
-			return err
-		}
-		for g, c := range counts {
-			if groups[g] == nil {
-				groups[g] = &sched.Group{Name: g, Shares: sched.DefaultShares}
-			}
-			groups[g].Pending += c
-		}
 	}
 	targets, _ := sched.Targets(groups)
 	view := &schedView{running: map[string]float64{}, targets: targets, local: localCounts(n.acct.Runs())}
@@ -228,7 +216,7 @@ func (n *Node) schedule(ctx context.Context, now time.Time) error {
 		}
 	}
 	slices.SortFunc(view.under, func(a, b string) int {
-		return cmp.Compare(groups[a].Running*1000/max(int(targets[a]*1000), 1), groups[b].Running*1000/max(int(targets[b]*1000), 1))
+		return cmp.Compare(float64(groups[a].Running)/targets[a], float64(groups[b].Running)/targets[b])
 	})
 	view.under = view.under[:min(len(view.under), maxRankGroups)]
 	n.view.Store(view)
