@@ -198,7 +198,7 @@ func (n *Node) schedule(ctx context.Context, now time.Time) error {
 		return err
 	}
 	targets, _ := sched.Targets(groups)
-	view := &schedView{running: map[string]float64{}, targets: targets, local: localCounts(n.acct.Runs())}
+	view := &schedView{running: map[string]float64{}, targets: targets, local: n.acct.Running()}
 	waiting, wanting := 0, 0
 	for name, g := range groups {
 		view.running[name] = float64(g.Running)
@@ -250,14 +250,6 @@ type schedView struct {
 // maxRankGroups bounds the groups an acceptor looks up by group.
 const maxRankGroups = 16
 
-func localCounts(runs []sched.Run) map[string]int {
-	m := map[string]int{}
-	for _, r := range runs {
-		m[r.Group]++
-	}
-	return m
-}
-
 // rank is the acceptors' ranking of groups (nil until the first
 // schedule): by running jobs over fair target, in percent, so the group
 // furthest below its share comes first. Running counts are the last
@@ -269,7 +261,7 @@ func (n *Node) rank() (func(string, int) int, []string) {
 	if v == nil || !v.contested {
 		return nil, nil
 	}
-	now := localCounts(n.acct.Runs())
+	now := n.acct.Running()
 	return func(g string, picked int) int {
 		target := v.targets[g]
 		if target <= 0 {

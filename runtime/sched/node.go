@@ -113,6 +113,21 @@ func (n *Node) report() map[string]Report {
 	return out
 }
 
+// Running counts the node's runs per group.
+func (n *Node) Running() map[string]int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.running()
+}
+
+func (n *Node) running() map[string]int {
+	m := map[string]int{}
+	for _, r := range n.runs {
+		m[r.Group]++
+	}
+	return m
+}
+
 // Runs returns a copy of the node's runs.
 func (n *Node) Runs() []Run {
 	n.mu.Lock()
@@ -176,19 +191,14 @@ func (n *Node) Preempt(now time.Time, groups map[string]*Group, maxChurn int, mi
 	if deficit <= 1e-9 {
 		clear(n.excess)
 	} else {
+		counts := n.running()
 		names := make([]string, 0, len(groups))
 		for name := range groups {
 			names = append(names, name)
 		}
 		slices.Sort(names)
 		for _, name := range names {
-			g := groups[name]
-			mine := 0
-			for _, r := range n.runs {
-				if r.Group == name {
-					mine++
-				}
-			}
+			g, mine := groups[name], counts[name]
 			if g.Running == 0 || mine == 0 {
 				delete(n.excess, name)
 				continue

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"net/url"
 	"time"
 )
@@ -75,10 +74,10 @@ func (c *Client) Changes(ctx context.Context, db string, o ChangesOptions) (*Cha
 	if err != nil {
 		return nil, err
 	}
-	// A feed may wait for a change longer than a request may take: only
-	// ctx bounds it. (The transport's header timeout still applies, and
-	// heartbeats, being body bytes, come after the header.)
-	resp, err := c.feedClient().Do(req)
+	// Only ctx bounds how long the feed waits for a change; the
+	// transport's timeout covers the response header, which a server sends
+	// before waiting.
+	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("couch: changes of %s: %w", db, err)
 	}
@@ -94,9 +93,6 @@ func (c *Client) Changes(ctx context.Context, db string, o ChangesOptions) (*Cha
 	}
 	return &ch, nil
 }
-
-// feedClient is the client for feeds.
-func (c *Client) feedClient() *http.Client { return c.http }
 
 // sinceParam renders a sequence for the since parameter: a JSON string's
 // contents, anything else as its JSON text.
