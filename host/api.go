@@ -88,9 +88,7 @@ func (n *Node) Handler() http.Handler {
 	mux.HandleFunc("GET /shares", n.getShares)
 	mux.HandleFunc("PUT /shares/{group}", n.admin(n.putShares))
 	mux.HandleFunc("DELETE /shares/{group}", n.admin(n.deleteShares))
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
-	})
+	mux.HandleFunc("/", n.pluginRoute)
 	return mux
 }
 
@@ -136,31 +134,63 @@ func (n *Node) APIAddr() string {
 // auth.
 func (n *Node) admin(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		user, pass, ok := r.BasicAuth()
-		hash, known := n.cfg.HTTP.Admins[user]
-		// bcrypt costs tens of milliseconds by design; credentials that
-		// passed once are remembered (by a SHA-256 of name and password,
-		// never the password) so that a client sending many requests pays
-		// it once.
-		seen := sha256.Sum256([]byte(user + "\x00" + pass))
-		if ok && known {
-			if _, verified := n.verified.Load(seen); verified {
-				h(w, r)
-				return
-			}
-		}
-		if !ok || !known || bcrypt.CompareHashAndPassword([]byte(hash), []byte(pass)) != nil {
-			// Spend the same time on unknown names as on known ones.
-			if !known {
-				bcrypt.CompareHashAndPassword(dummyHash, []byte(pass))
-			}
+		if _, ok := n.caller(r); !ok {
 			w.Header().Set("WWW-Authenticate", `Basic realm="couchjobs"`)
 			writeError(w, http.StatusUnauthorized, "unauthorized", "this endpoint needs an admin's name and password (http.admins in runtime.toml)")
 			return
 		}
-		n.verified.Store(seen, struct{}{})
 		h(w, r)
 	}
+}
+
+// caller returns the admin a request authenticates as, if it does.
+func (n *Node) caller(r *http.Request) (string, bool) {
+	user, pass, ok := r.BasicAuth()
+	if !ok {
+		return "", false
+	}
+	hash, known := n.cfg.HTTP.Admins[user]
+	// bcrypt costs tens of milliseconds by design; credentials that
+	// passed once are remembered (by a SHA-256 of name and password,
+	// never the password) so that a client sending many requests pays
+	// it once.
+	seen := sha256.Sum256([]byte(user + "\x00" + pass))
+	if known {
+		if _, verified := n.verified.Load(seen); verified {
+			return user, true
+		}
+	}
+	if !known || bcrypt.CompareHashAndPassword([]byte(hash), []byte(pass)) != nil {
+		// Spend the same time on unknown names as on known ones.
+		if !known {
+			bcrypt.CompareHashAndPassword(dummyHash, []byte(pass))
+		}
+		return "", false
+	}
+	n.verified.Store(seen, struct{}{})
+	return user, true
+}
+
+// jobView is a job as the caller may see it: the type's private fields
+// (credentials, say) only for admins.
+func (n *Node) jobView(r *http.Request, in jobs.Info) JobJSON {
+	j := jobJSON(in)
+	private := n.privateFields(in.Type)
+	if len(private) == 0 || len(j.Data) == 0 {
+		return j
+	}
+	if _, admin := n.caller(r); admin {
+		return j
+	}
+	var obj map[string]json.RawMessage
+	if json.Unmarshal(j.Data, &obj) != nil {
+		return j
+	}
+	for _, f := range private {
+		delete(obj, f)
+	}
+	j.Data, _ = json.Marshal(obj)
+	return j
 }
 
 var dummyHash, _ = bcrypt.GenerateFromPassword([]byte("couchjobs"), bcrypt.MinCost)
@@ -268,7 +298,7 @@ func (n *Node) listJobs(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]JobJSON, len(infos))
 	for i, in := range infos {
-		out[i] = jobJSON(in)
+		out[i] = n.jobView(r, in)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"jobs": out, "next": next})
 }
@@ -302,7 +332,7 @@ func (n *Node) getJob(w http.ResponseWriter, r *http.Request) {
 		writeJobError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, jobJSON(in))
+	writeJSON(w, http.StatusOK, n.jobView(r, in))
 }
 
 func (n *Node) removeJob(w http.ResponseWriter, r *http.Request) {
@@ -383,11 +413,11 @@ func (n *Node) waitJob(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		if ev, err = sub.Next(ctx); err != nil {
-			writeJSON(w, http.StatusOK, map[string]any{"job": jobJSON(sub.Latest().Info), "version": fmt.Sprintf("%x", sub.Latest().Info.Version.Bytes()), "timeout": true})
+			writeJSON(w, http.StatusOK, map[string]any{"job": n.jobView(r, sub.Latest().Info), "version": fmt.Sprintf("%x", sub.Latest().Info.Version.Bytes()), "timeout": true})
 			return
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"job": jobJSON(ev.Info), "version": fmt.Sprintf("%x", ev.Info.Version.Bytes())})
+	writeJSON(w, http.StatusOK, map[string]any{"job": n.jobView(r, ev.Info), "version": fmt.Sprintf("%x", ev.Info.Version.Bytes())})
 }
 
 // metricsScanLimit bounds the jobs /metrics counts per type, to keep a

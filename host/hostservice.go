@@ -128,10 +128,39 @@ func (h *hostService) Subscribe(req *pluginv1.JobRef, stream pluginv1.Host_Subsc
 }
 
 func jobInfo(typ, id string, ev jobs.Event) *pluginv1.JobInfo {
-	return &pluginv1.JobInfo{
+	j := &pluginv1.JobInfo{
 		Type: typ, Id: id, State: string(ev.State), Data: ev.Info.Data,
 		Priority: ev.Info.Priority, Canceled: ev.Info.Canceled,
+		Group: ev.Info.Group, Placement: string(ev.Info.Placement),
 	}
+	if !ev.Info.Created.IsZero() {
+		j.CreatedMs, j.UpdatedMs = ev.Info.Created.UnixMilli(), ev.Info.Updated.UnixMilli()
+	}
+	return j
+}
+
+// maxListJobs bounds a page of ListJobs.
+const maxListJobs = 1000
+
+func (h *hostService) ListJobs(ctx context.Context, req *pluginv1.ListJobsRequest) (*pluginv1.ListJobsResponse, error) {
+	if err := h.own(req.Type); err != nil {
+		return nil, err
+	}
+	o := jobs.ListOptions{After: req.After, Limit: min(int(req.Limit), maxListJobs), State: jobs.State(req.State)}
+	switch o.State {
+	case "", jobs.Pending, jobs.Running, jobs.Finished:
+	default:
+		return nil, status.Errorf(codes.InvalidArgument, "state %q: want pending, running or finished", req.State)
+	}
+	infos, next, err := h.p.n.jobs.List(ctx, req.Type, o)
+	if err != nil {
+		return nil, grpcError(err)
+	}
+	resp := &pluginv1.ListJobsResponse{Next: next}
+	for _, in := range infos {
+		resp.Jobs = append(resp.Jobs, jobInfo(in.Type, in.ID, jobs.Event{State: in.State, Info: in}))
+	}
+	return resp, nil
 }
 
 // grpcError maps the job layer's errors to gRPC codes the SDK understands.

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -81,8 +82,9 @@ type plugin struct {
 	lastErr  error
 	restarts int
 	session  *session
-	client   *sdk.Client // the running process, for admissions
-	stderr   *stderrTail // the running process's last stderr lines
+	client   *sdk.Client    // the running process, for admissions and routes
+	routes   *http.ServeMux // the plugin's API routes, forwarding to client
+	stderr   *stderrTail    // the running process's last stderr lines
 }
 
 func newPlugin(n *Node, name string, cfg *config.Plugin) *plugin {
@@ -195,8 +197,12 @@ func (p *plugin) runOnce(ctx, accept context.Context) error {
 			t.ActivityTimeoutMs = d.Milliseconds()
 		}
 	}
+	routes, err := p.buildRoutes(desc)
+	if err != nil {
+		return err
+	}
 	p.mu.Lock()
-	p.desc = desc
+	p.desc, p.routes = desc, routes
 	p.mu.Unlock()
 	for _, t := range desc.Types {
 		if err := p.n.jobs.SetTypeTimeout(ctx, t.Name, time.Duration(t.ActivityTimeoutMs)*time.Millisecond); err != nil {

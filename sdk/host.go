@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -95,14 +96,41 @@ func (h *Host) RemoveJob(ctx context.Context, typ, id string) error {
 type JobInfo struct {
 	Type, ID string
 	// State is pending, running, finished or not_found.
-	State    string
-	Data     json.RawMessage
-	Priority int64
-	Canceled bool
+	State     string
+	Data      json.RawMessage
+	Priority  int64
+	Canceled  bool
+	Group     string
+	Placement string
+	// Created and Updated are when the job was first added and last
+	// changed (zero if the host did not say).
+	Created, Updated time.Time
 }
 
 func jobInfo(p *pluginv1.JobInfo) JobInfo {
-	return JobInfo{Type: p.Type, ID: p.Id, State: p.State, Data: p.Data, Priority: p.Priority, Canceled: p.Canceled}
+	j := JobInfo{Type: p.Type, ID: p.Id, State: p.State, Data: p.Data, Priority: p.Priority, Canceled: p.Canceled, Group: p.Group, Placement: p.Placement}
+	if p.CreatedMs != 0 {
+		j.Created = time.UnixMilli(p.CreatedMs)
+	}
+	if p.UpdatedMs != 0 {
+		j.Updated = time.UnixMilli(p.UpdatedMs)
+	}
+	return j
+}
+
+// ListJobs returns a page of a type's jobs in id order, those after the
+// id after (""; from the first), at most limit (0: 100), in state (""
+// for any), and the after of the next page ("" at the end).
+func (h *Host) ListJobs(ctx context.Context, typ, after string, limit int, state string) ([]JobInfo, string, error) {
+	resp, err := h.c.ListJobs(ctx, &pluginv1.ListJobsRequest{Type: typ, After: after, Limit: int32(limit), State: state})
+	if err != nil {
+		return nil, "", hostError(err)
+	}
+	out := make([]JobInfo, len(resp.Jobs))
+	for i, j := range resp.Jobs {
+		out[i] = jobInfo(j)
+	}
+	return out, resp.Next, nil
 }
 
 // GetJob returns a job of one of the plugin's types, or ErrNotFound.

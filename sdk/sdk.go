@@ -78,6 +78,8 @@ type Plugin struct {
 	// JSON, before any job starts. Return ConfigErrors (or any error) to
 	// refuse it; the host shows them at start, naming the key.
 	Configure func(ctx context.Context, c *Config) error
+	// Routes are endpoints of the host's HTTP API the plugin serves.
+	Routes []Route
 	// Logger is where the plugin logs; by default hclog writing to stderr,
 	// which the host collects under the plugin's name.
 	Logger hclog.Logger
@@ -105,6 +107,10 @@ type Type struct {
 	// first run goes. Jobs added to the store directly, not through a
 	// host, skip it; a worker must still check what it runs.
 	Admit func(ctx context.Context, a *Admission) error
+	// PrivateFields are top-level keys of the type's job data that the
+	// host's API shows only to its admins: credentials a job needs to run
+	// belong there.
+	PrivateFields []string
 }
 
 // Worker runs jobs. Run is called once per run, possibly for many jobs at

@@ -64,6 +64,9 @@ func (p *Plugin) Validate() error {
 			return fmt.Errorf("job type %q: activity timeout %v is under 10ms", t.Name, t.ActivityTimeout)
 		}
 	}
+	if _, err := p.routes(); err != nil {
+		return err
+	}
 	return nil
 }
 

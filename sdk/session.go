@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -22,6 +23,7 @@ type server struct {
 	log    hclog.Logger
 	types  map[string]*Type
 	host   *Host
+	mux    *http.ServeMux // the plugin's routes; nil if none
 }
 
 func newServer(p *Plugin, broker *goplugin.GRPCBroker) *server {
@@ -33,6 +35,10 @@ func newServer(p *Plugin, broker *goplugin.GRPCBroker) *server {
 	for i := range p.Types {
 		s.types[p.Types[i].Name] = &p.Types[i]
 	}
+	if len(p.Routes) > 0 {
+		// Validate has checked the routes.
+		s.mux, _ = p.routes()
+	}
 	return s
 }
 
@@ -42,7 +48,11 @@ func (s *server) Describe(context.Context, *pluginv1.DescribeRequest) (*pluginv1
 		resp.Types = append(resp.Types, &pluginv1.JobType{
 			Name: t.Name, ActivityTimeoutMs: t.ActivityTimeout.Milliseconds(),
 			Continuous: t.Continuous, ConfigSchema: t.ConfigSchema, Admits: t.Admit != nil,
+			PrivateFields: t.PrivateFields,
 		})
+	}
+	for _, r := range s.p.Routes {
+		resp.Routes = append(resp.Routes, &pluginv1.Route{Pattern: r.Pattern, Admin: r.Admin})
 	}
 	return resp, nil
 }

@@ -15,6 +15,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/couchjobs/couchjobs/host"
 	"github.com/couchjobs/couchjobs/host/config"
@@ -64,6 +66,8 @@ type Options struct {
 	Store string
 	// MaxJobs caps the plugin's running jobs on the node; 0: no cap.
 	MaxJobs int
+	// Admins are the node API's admins: name to password.
+	Admins map[string]string
 }
 
 // NewWith is New with options: several harnesses over one store are the
@@ -87,6 +91,16 @@ func NewWith(t testing.TB, p *sdk.Plugin, cfg map[string]any, o Options) *Harnes
 		t.Fatal(err)
 	}
 	c.Node.Groups = o.Groups
+	for name, pass := range o.Admins {
+		hash, err := bcrypt.GenerateFromPassword([]byte(pass), bcrypt.MinCost)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.HTTP.Admins == nil {
+			c.HTTP.Admins = map[string]string{}
+		}
+		c.HTTP.Admins[name] = string(hash)
+	}
 	c.Plugins[p.Name].Config = cfg
 	c.Plugins[p.Name].MaxJobs = o.MaxJobs
 	log := hclog.New(&hclog.LoggerOptions{Name: "sdktest", Level: hclog.Warn, Output: testWriter{t}})
@@ -265,6 +279,10 @@ func (h *Harness) Get(key []byte) []byte {
 
 // Jobs gives the test the node's job layer, to inspect or arrange jobs.
 func (h *Harness) Jobs() *jobs.Jobs { return h.node.Jobs() }
+
+// Handler is the node's HTTP API, the plugin's routes included, for
+// tests with net/http/httptest.
+func (h *Harness) Handler() http.Handler { return h.node.Handler() }
 
 // testWriter sends the node's warnings to the test log.
 type testWriter struct{ t testing.TB }

@@ -88,7 +88,7 @@ func (x Ack_Status) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Ack_Status.Descriptor instead.
 func (Ack_Status) EnumDescriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{10, 0}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{13, 0}
 }
 
 type StopJob_Reason int32
@@ -140,7 +140,7 @@ func (x StopJob_Reason) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use StopJob_Reason.Descriptor instead.
 func (StopJob_Reason) EnumDescriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{11, 0}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{14, 0}
 }
 
 type End_Outcome int32
@@ -199,7 +199,7 @@ func (x End_Outcome) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use End_Outcome.Descriptor instead.
 func (End_Outcome) EnumDescriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{18, 0}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{21, 0}
 }
 
 type DescribeRequest struct {
@@ -243,8 +243,10 @@ type DescribeResponse struct {
 	// Name is the plugin's name; it must match its name in runtime.toml.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// Version is the plugin's own version, for display.
-	Version       string     `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
-	Types         []*JobType `protobuf:"bytes,3,rep,name=types,proto3" json:"types,omitempty"`
+	Version string     `protobuf:"bytes,2,opt,name=version,proto3" json:"version,omitempty"`
+	Types   []*JobType `protobuf:"bytes,3,rep,name=types,proto3" json:"types,omitempty"`
+	// Routes are HTTP endpoints of the host's API that the plugin serves.
+	Routes        []*Route `protobuf:"bytes,4,rep,name=routes,proto3" json:"routes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -300,6 +302,229 @@ func (x *DescribeResponse) GetTypes() []*JobType {
 	return nil
 }
 
+func (x *DescribeResponse) GetRoutes() []*Route {
+	if x != nil {
+		return x.Routes
+	}
+	return nil
+}
+
+// Route is an endpoint of the host's API served by the plugin.
+type Route struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Pattern is a net/http ServeMux pattern: an optional method, then a
+	// path with {wildcards}, such as "POST /_replicate" or
+	// "GET /_scheduler/docs/{db...}". The host's own endpoints win over a
+	// plugin's; two plugins may not declare the same pattern.
+	Pattern string `protobuf:"bytes,1,opt,name=pattern,proto3" json:"pattern,omitempty"`
+	// Admin: the host answers 401 unless the caller is one of its admins.
+	Admin         bool `protobuf:"varint,2,opt,name=admin,proto3" json:"admin,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Route) Reset() {
+	*x = Route{}
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Route) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Route) ProtoMessage() {}
+
+func (x *Route) ProtoReflect() protoreflect.Message {
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Route.ProtoReflect.Descriptor instead.
+func (*Route) Descriptor() ([]byte, []int) {
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Route) GetPattern() string {
+	if x != nil {
+		return x.Pattern
+	}
+	return ""
+}
+
+func (x *Route) GetAdmin() bool {
+	if x != nil {
+		return x.Admin
+	}
+	return false
+}
+
+// HTTPRequest is a request the host forwards to a plugin's route.
+type HTTPRequest struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Method string                 `protobuf:"bytes,1,opt,name=method,proto3" json:"method,omitempty"`
+	// Path is the request's path, escaped as it arrived.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Query is the raw query string.
+	Query   string            `protobuf:"bytes,3,opt,name=query,proto3" json:"query,omitempty"`
+	Headers map[string]string `protobuf:"bytes,4,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Body    []byte            `protobuf:"bytes,5,opt,name=body,proto3" json:"body,omitempty"`
+	// User is the authenticated caller's name ("" if anonymous) and Admin
+	// whether the host verified it as one of its admins. The Authorization
+	// header itself is not forwarded.
+	User          string `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
+	Admin         bool   `protobuf:"varint,7,opt,name=admin,proto3" json:"admin,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HTTPRequest) Reset() {
+	*x = HTTPRequest{}
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HTTPRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HTTPRequest) ProtoMessage() {}
+
+func (x *HTTPRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HTTPRequest.ProtoReflect.Descriptor instead.
+func (*HTTPRequest) Descriptor() ([]byte, []int) {
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *HTTPRequest) GetMethod() string {
+	if x != nil {
+		return x.Method
+	}
+	return ""
+}
+
+func (x *HTTPRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *HTTPRequest) GetQuery() string {
+	if x != nil {
+		return x.Query
+	}
+	return ""
+}
+
+func (x *HTTPRequest) GetHeaders() map[string]string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *HTTPRequest) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *HTTPRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *HTTPRequest) GetAdmin() bool {
+	if x != nil {
+		return x.Admin
+	}
+	return false
+}
+
+type HTTPResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Status        int32                  `protobuf:"varint,1,opt,name=status,proto3" json:"status,omitempty"`
+	Headers       map[string]string      `protobuf:"bytes,2,rep,name=headers,proto3" json:"headers,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Body          []byte                 `protobuf:"bytes,3,opt,name=body,proto3" json:"body,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HTTPResponse) Reset() {
+	*x = HTTPResponse{}
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HTTPResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HTTPResponse) ProtoMessage() {}
+
+func (x *HTTPResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HTTPResponse.ProtoReflect.Descriptor instead.
+func (*HTTPResponse) Descriptor() ([]byte, []int) {
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *HTTPResponse) GetStatus() int32 {
+	if x != nil {
+		return x.Status
+	}
+	return 0
+}
+
+func (x *HTTPResponse) GetHeaders() map[string]string {
+	if x != nil {
+		return x.Headers
+	}
+	return nil
+}
+
+func (x *HTTPResponse) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
 type JobType struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Name is the job type, unique in the cluster.
@@ -315,14 +540,17 @@ type JobType struct {
 	ConfigSchema string `protobuf:"bytes,4,opt,name=config_schema,json=configSchema,proto3" json:"config_schema,omitempty"`
 	// Admits: the host sends every new job of the type through Admit before
 	// storing it.
-	Admits        bool `protobuf:"varint,5,opt,name=admits,proto3" json:"admits,omitempty"`
+	Admits bool `protobuf:"varint,5,opt,name=admits,proto3" json:"admits,omitempty"`
+	// Private fields are top-level keys of the type's job data (such as
+	// credentials) that the host's API shows only to its admins.
+	PrivateFields []string `protobuf:"bytes,6,rep,name=private_fields,json=privateFields,proto3" json:"private_fields,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobType) Reset() {
 	*x = JobType{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[2]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -334,7 +562,7 @@ func (x *JobType) String() string {
 func (*JobType) ProtoMessage() {}
 
 func (x *JobType) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[2]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -347,7 +575,7 @@ func (x *JobType) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobType.ProtoReflect.Descriptor instead.
 func (*JobType) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{2}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *JobType) GetName() string {
@@ -385,6 +613,13 @@ func (x *JobType) GetAdmits() bool {
 	return false
 }
 
+func (x *JobType) GetPrivateFields() []string {
+	if x != nil {
+		return x.PrivateFields
+	}
+	return nil
+}
+
 type AdmitRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Type  string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
@@ -399,7 +634,7 @@ type AdmitRequest struct {
 
 func (x *AdmitRequest) Reset() {
 	*x = AdmitRequest{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[3]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -411,7 +646,7 @@ func (x *AdmitRequest) String() string {
 func (*AdmitRequest) ProtoMessage() {}
 
 func (x *AdmitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[3]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -424,7 +659,7 @@ func (x *AdmitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdmitRequest.ProtoReflect.Descriptor instead.
 func (*AdmitRequest) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{3}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *AdmitRequest) GetType() string {
@@ -469,7 +704,7 @@ type AdmitResponse struct {
 
 func (x *AdmitResponse) Reset() {
 	*x = AdmitResponse{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[4]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -481,7 +716,7 @@ func (x *AdmitResponse) String() string {
 func (*AdmitResponse) ProtoMessage() {}
 
 func (x *AdmitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[4]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -494,7 +729,7 @@ func (x *AdmitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AdmitResponse.ProtoReflect.Descriptor instead.
 func (*AdmitResponse) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{4}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *AdmitResponse) GetError() string {
@@ -535,7 +770,7 @@ type ConfigureRequest struct {
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[5]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -547,7 +782,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[5]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -560,7 +795,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{5}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ConfigureRequest) GetConfigJson() []byte {
@@ -600,7 +835,7 @@ type ConfigureResponse struct {
 
 func (x *ConfigureResponse) Reset() {
 	*x = ConfigureResponse{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[6]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -612,7 +847,7 @@ func (x *ConfigureResponse) String() string {
 func (*ConfigureResponse) ProtoMessage() {}
 
 func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[6]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -625,7 +860,7 @@ func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureResponse) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{6}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ConfigureResponse) GetErrors() []*ConfigError {
@@ -646,7 +881,7 @@ type ConfigError struct {
 
 func (x *ConfigError) Reset() {
 	*x = ConfigError{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[7]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +893,7 @@ func (x *ConfigError) String() string {
 func (*ConfigError) ProtoMessage() {}
 
 func (x *ConfigError) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[7]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +906,7 @@ func (x *ConfigError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigError.ProtoReflect.Descriptor instead.
 func (*ConfigError) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{7}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ConfigError) GetKey() string {
@@ -700,7 +935,7 @@ type HostMessage struct {
 
 func (x *HostMessage) Reset() {
 	*x = HostMessage{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[8]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -712,7 +947,7 @@ func (x *HostMessage) String() string {
 func (*HostMessage) ProtoMessage() {}
 
 func (x *HostMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[8]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -725,7 +960,7 @@ func (x *HostMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostMessage.ProtoReflect.Descriptor instead.
 func (*HostMessage) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{8}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HostMessage) GetStarts() []*StartJob {
@@ -768,7 +1003,7 @@ type StartJob struct {
 
 func (x *StartJob) Reset() {
 	*x = StartJob{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[9]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -780,7 +1015,7 @@ func (x *StartJob) String() string {
 func (*StartJob) ProtoMessage() {}
 
 func (x *StartJob) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[9]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -793,7 +1028,7 @@ func (x *StartJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartJob.ProtoReflect.Descriptor instead.
 func (*StartJob) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{9}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StartJob) GetHandle() uint64 {
@@ -859,7 +1094,7 @@ type Ack struct {
 
 func (x *Ack) Reset() {
 	*x = Ack{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[10]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -871,7 +1106,7 @@ func (x *Ack) String() string {
 func (*Ack) ProtoMessage() {}
 
 func (x *Ack) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[10]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -884,7 +1119,7 @@ func (x *Ack) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Ack.ProtoReflect.Descriptor instead.
 func (*Ack) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{10}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *Ack) GetHandle() uint64 {
@@ -928,7 +1163,7 @@ type StopJob struct {
 
 func (x *StopJob) Reset() {
 	*x = StopJob{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[11]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -940,7 +1175,7 @@ func (x *StopJob) String() string {
 func (*StopJob) ProtoMessage() {}
 
 func (x *StopJob) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[11]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -953,7 +1188,7 @@ func (x *StopJob) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StopJob.ProtoReflect.Descriptor instead.
 func (*StopJob) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{11}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *StopJob) GetHandle() uint64 {
@@ -988,7 +1223,7 @@ type PluginMessage struct {
 
 func (x *PluginMessage) Reset() {
 	*x = PluginMessage{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[12]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1000,7 +1235,7 @@ func (x *PluginMessage) String() string {
 func (*PluginMessage) ProtoMessage() {}
 
 func (x *PluginMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[12]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1013,7 +1248,7 @@ func (x *PluginMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PluginMessage.ProtoReflect.Descriptor instead.
 func (*PluginMessage) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{12}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PluginMessage) GetUpdates() []*Update {
@@ -1049,7 +1284,7 @@ type Update struct {
 
 func (x *Update) Reset() {
 	*x = Update{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[13]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1061,7 +1296,7 @@ func (x *Update) String() string {
 func (*Update) ProtoMessage() {}
 
 func (x *Update) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[13]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1074,7 +1309,7 @@ func (x *Update) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Update.ProtoReflect.Descriptor instead.
 func (*Update) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{13}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Update) GetHandle() uint64 {
@@ -1126,7 +1361,7 @@ type Write struct {
 
 func (x *Write) Reset() {
 	*x = Write{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[14]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1373,7 @@ func (x *Write) String() string {
 func (*Write) ProtoMessage() {}
 
 func (x *Write) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[14]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1386,7 @@ func (x *Write) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Write.ProtoReflect.Descriptor instead.
 func (*Write) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{14}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Write) GetOp() isWrite_Op {
@@ -1220,7 +1455,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[15]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1232,7 +1467,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[15]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1245,7 +1480,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{15}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *KeyValue) GetKey() []byte {
@@ -1273,7 +1508,7 @@ type Range struct {
 
 func (x *Range) Reset() {
 	*x = Range{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[16]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1285,7 +1520,7 @@ func (x *Range) String() string {
 func (*Range) ProtoMessage() {}
 
 func (x *Range) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[16]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1298,7 +1533,7 @@ func (x *Range) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Range.ProtoReflect.Descriptor instead.
 func (*Range) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{16}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Range) GetBegin() []byte {
@@ -1326,7 +1561,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[17]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1338,7 +1573,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[17]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1351,7 +1586,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{17}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Progress) GetFraction() float64 {
@@ -1392,7 +1627,7 @@ type End struct {
 
 func (x *End) Reset() {
 	*x = End{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[18]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1404,7 +1639,7 @@ func (x *End) String() string {
 func (*End) ProtoMessage() {}
 
 func (x *End) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[18]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1417,7 +1652,7 @@ func (x *End) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use End.ProtoReflect.Descriptor instead.
 func (*End) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{18}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *End) GetHandle() uint64 {
@@ -1489,7 +1724,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[19]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1501,7 +1736,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[19]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1514,7 +1749,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{19}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReadRequest) GetKey() []byte {
@@ -1557,7 +1792,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[20]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1569,7 +1804,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[20]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1582,7 +1817,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{20}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReadResponse) GetFound() bool {
@@ -1616,7 +1851,7 @@ type JobRef struct {
 
 func (x *JobRef) Reset() {
 	*x = JobRef{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[21]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +1863,7 @@ func (x *JobRef) String() string {
 func (*JobRef) ProtoMessage() {}
 
 func (x *JobRef) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[21]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +1876,7 @@ func (x *JobRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobRef.ProtoReflect.Descriptor instead.
 func (*JobRef) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{21}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *JobRef) GetType() string {
@@ -1674,7 +1909,7 @@ type AddJobRequest struct {
 
 func (x *AddJobRequest) Reset() {
 	*x = AddJobRequest{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[22]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +1921,7 @@ func (x *AddJobRequest) String() string {
 func (*AddJobRequest) ProtoMessage() {}
 
 func (x *AddJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[22]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +1934,7 @@ func (x *AddJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddJobRequest.ProtoReflect.Descriptor instead.
 func (*AddJobRequest) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{22}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *AddJobRequest) GetType() string {
@@ -1759,7 +1994,7 @@ type AddJobResponse struct {
 
 func (x *AddJobResponse) Reset() {
 	*x = AddJobResponse{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[23]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1771,7 +2006,7 @@ func (x *AddJobResponse) String() string {
 func (*AddJobResponse) ProtoMessage() {}
 
 func (x *AddJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[23]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1784,7 +2019,7 @@ func (x *AddJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddJobResponse.ProtoReflect.Descriptor instead.
 func (*AddJobResponse) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{23}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{26}
 }
 
 type RemoveJobResponse struct {
@@ -1795,7 +2030,7 @@ type RemoveJobResponse struct {
 
 func (x *RemoveJobResponse) Reset() {
 	*x = RemoveJobResponse{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[24]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1807,7 +2042,7 @@ func (x *RemoveJobResponse) String() string {
 func (*RemoveJobResponse) ProtoMessage() {}
 
 func (x *RemoveJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[24]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1820,7 +2055,7 @@ func (x *RemoveJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveJobResponse.ProtoReflect.Descriptor instead.
 func (*RemoveJobResponse) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{24}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{27}
 }
 
 type JobInfo struct {
@@ -1828,17 +2063,22 @@ type JobInfo struct {
 	Type  string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
 	Id    string                 `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
 	// State: pending, running, finished, or not_found.
-	State         string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
-	Data          []byte `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
-	Priority      int64  `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
-	Canceled      bool   `protobuf:"varint,6,opt,name=canceled,proto3" json:"canceled,omitempty"`
+	State     string `protobuf:"bytes,3,opt,name=state,proto3" json:"state,omitempty"`
+	Data      []byte `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	Priority  int64  `protobuf:"varint,5,opt,name=priority,proto3" json:"priority,omitempty"`
+	Canceled  bool   `protobuf:"varint,6,opt,name=canceled,proto3" json:"canceled,omitempty"`
+	Group     string `protobuf:"bytes,7,opt,name=group,proto3" json:"group,omitempty"`
+	Placement string `protobuf:"bytes,8,opt,name=placement,proto3" json:"placement,omitempty"`
+	// Created and updated: when the job was first added and last changed.
+	CreatedMs     int64 `protobuf:"varint,9,opt,name=created_ms,json=createdMs,proto3" json:"created_ms,omitempty"`
+	UpdatedMs     int64 `protobuf:"varint,10,opt,name=updated_ms,json=updatedMs,proto3" json:"updated_ms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *JobInfo) Reset() {
 	*x = JobInfo{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[25]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1850,7 +2090,7 @@ func (x *JobInfo) String() string {
 func (*JobInfo) ProtoMessage() {}
 
 func (x *JobInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[25]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1863,7 +2103,7 @@ func (x *JobInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobInfo.ProtoReflect.Descriptor instead.
 func (*JobInfo) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{25}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *JobInfo) GetType() string {
@@ -1908,16 +2148,190 @@ func (x *JobInfo) GetCanceled() bool {
 	return false
 }
 
+func (x *JobInfo) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *JobInfo) GetPlacement() string {
+	if x != nil {
+		return x.Placement
+	}
+	return ""
+}
+
+func (x *JobInfo) GetCreatedMs() int64 {
+	if x != nil {
+		return x.CreatedMs
+	}
+	return 0
+}
+
+func (x *JobInfo) GetUpdatedMs() int64 {
+	if x != nil {
+		return x.UpdatedMs
+	}
+	return 0
+}
+
+type ListJobsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Type  string                 `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	// After lists the jobs whose ids sort after it.
+	After string `protobuf:"bytes,2,opt,name=after,proto3" json:"after,omitempty"`
+	// Limit: at most this many (default 100, at most 1,000).
+	Limit int32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	// State, if set: pending, running or finished.
+	State         string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListJobsRequest) Reset() {
+	*x = ListJobsRequest{}
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListJobsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListJobsRequest) ProtoMessage() {}
+
+func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
+func (*ListJobsRequest) Descriptor() ([]byte, []int) {
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *ListJobsRequest) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *ListJobsRequest) GetAfter() string {
+	if x != nil {
+		return x.After
+	}
+	return ""
+}
+
+func (x *ListJobsRequest) GetLimit() int32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *ListJobsRequest) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+type ListJobsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Jobs  []*JobInfo             `protobuf:"bytes,1,rep,name=jobs,proto3" json:"jobs,omitempty"`
+	// Next is the After of the next page; "" at the end.
+	Next          string `protobuf:"bytes,2,opt,name=next,proto3" json:"next,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListJobsResponse) Reset() {
+	*x = ListJobsResponse{}
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListJobsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListJobsResponse) ProtoMessage() {}
+
+func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
+func (*ListJobsResponse) Descriptor() ([]byte, []int) {
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *ListJobsResponse) GetJobs() []*JobInfo {
+	if x != nil {
+		return x.Jobs
+	}
+	return nil
+}
+
+func (x *ListJobsResponse) GetNext() string {
+	if x != nil {
+		return x.Next
+	}
+	return ""
+}
+
 var File_couchjobs_plugin_v1_plugin_proto protoreflect.FileDescriptor
 
 const file_couchjobs_plugin_v1_plugin_proto_rawDesc = "" +
 	"\n" +
 	" couchjobs/plugin/v1/plugin.proto\x12\x13couchjobs.plugin.v1\"\x11\n" +
-	"\x0fDescribeRequest\"t\n" +
+	"\x0fDescribeRequest\"\xa8\x01\n" +
 	"\x10DescribeResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\tR\aversion\x122\n" +
-	"\x05types\x18\x03 \x03(\v2\x1c.couchjobs.plugin.v1.JobTypeR\x05types\"\xaa\x01\n" +
+	"\x05types\x18\x03 \x03(\v2\x1c.couchjobs.plugin.v1.JobTypeR\x05types\x122\n" +
+	"\x06routes\x18\x04 \x03(\v2\x1a.couchjobs.plugin.v1.RouteR\x06routes\"7\n" +
+	"\x05Route\x12\x18\n" +
+	"\apattern\x18\x01 \x01(\tR\apattern\x12\x14\n" +
+	"\x05admin\x18\x02 \x01(\bR\x05admin\"\x92\x02\n" +
+	"\vHTTPRequest\x12\x16\n" +
+	"\x06method\x18\x01 \x01(\tR\x06method\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x14\n" +
+	"\x05query\x18\x03 \x01(\tR\x05query\x12G\n" +
+	"\aheaders\x18\x04 \x03(\v2-.couchjobs.plugin.v1.HTTPRequest.HeadersEntryR\aheaders\x12\x12\n" +
+	"\x04body\x18\x05 \x01(\fR\x04body\x12\x12\n" +
+	"\x04user\x18\x06 \x01(\tR\x04user\x12\x14\n" +
+	"\x05admin\x18\a \x01(\bR\x05admin\x1a:\n" +
+	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc0\x01\n" +
+	"\fHTTPResponse\x12\x16\n" +
+	"\x06status\x18\x01 \x01(\x05R\x06status\x12H\n" +
+	"\aheaders\x18\x02 \x03(\v2..couchjobs.plugin.v1.HTTPResponse.HeadersEntryR\aheaders\x12\x12\n" +
+	"\x04body\x18\x03 \x01(\fR\x04body\x1a:\n" +
+	"\fHeadersEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd1\x01\n" +
 	"\aJobType\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x13activity_timeout_ms\x18\x02 \x01(\x03R\x11activityTimeoutMs\x12\x1e\n" +
@@ -1925,7 +2339,8 @@ const file_couchjobs_plugin_v1_plugin_proto_rawDesc = "" +
 	"continuous\x18\x03 \x01(\bR\n" +
 	"continuous\x12#\n" +
 	"\rconfig_schema\x18\x04 \x01(\tR\fconfigSchema\x12\x16\n" +
-	"\x06admits\x18\x05 \x01(\bR\x06admits\"d\n" +
+	"\x06admits\x18\x05 \x01(\bR\x06admits\x12%\n" +
+	"\x0eprivate_fields\x18\x06 \x03(\tR\rprivateFields\"d\n" +
 	"\fAdmitRequest\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n" +
@@ -2041,25 +2456,42 @@ const file_couchjobs_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x05group\x18\x06 \x01(\tR\x05group\x12\x1c\n" +
 	"\texclusive\x18\a \x01(\bR\texclusive\"\x10\n" +
 	"\x0eAddJobResponse\"\x13\n" +
-	"\x11RemoveJobResponse\"\x8f\x01\n" +
+	"\x11RemoveJobResponse\"\x81\x02\n" +
 	"\aJobInfo\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\tR\x02id\x12\x14\n" +
 	"\x05state\x18\x03 \x01(\tR\x05state\x12\x12\n" +
 	"\x04data\x18\x04 \x01(\fR\x04data\x12\x1a\n" +
 	"\bpriority\x18\x05 \x01(\x03R\bpriority\x12\x1a\n" +
-	"\bcanceled\x18\x06 \x01(\bR\bcanceled2\xe2\x02\n" +
+	"\bcanceled\x18\x06 \x01(\bR\bcanceled\x12\x14\n" +
+	"\x05group\x18\a \x01(\tR\x05group\x12\x1c\n" +
+	"\tplacement\x18\b \x01(\tR\tplacement\x12\x1d\n" +
+	"\n" +
+	"created_ms\x18\t \x01(\x03R\tcreatedMs\x12\x1d\n" +
+	"\n" +
+	"updated_ms\x18\n" +
+	" \x01(\x03R\tupdatedMs\"g\n" +
+	"\x0fListJobsRequest\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x14\n" +
+	"\x05after\x18\x02 \x01(\tR\x05after\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\x05R\x05limit\x12\x14\n" +
+	"\x05state\x18\x04 \x01(\tR\x05state\"X\n" +
+	"\x10ListJobsResponse\x120\n" +
+	"\x04jobs\x18\x01 \x03(\v2\x1c.couchjobs.plugin.v1.JobInfoR\x04jobs\x12\x12\n" +
+	"\x04next\x18\x02 \x01(\tR\x04next2\xb4\x03\n" +
 	"\x06Plugin\x12W\n" +
 	"\bDescribe\x12$.couchjobs.plugin.v1.DescribeRequest\x1a%.couchjobs.plugin.v1.DescribeResponse\x12Z\n" +
 	"\tConfigure\x12%.couchjobs.plugin.v1.ConfigureRequest\x1a&.couchjobs.plugin.v1.ConfigureResponse\x12S\n" +
 	"\aSession\x12 .couchjobs.plugin.v1.HostMessage\x1a\".couchjobs.plugin.v1.PluginMessage(\x010\x01\x12N\n" +
-	"\x05Admit\x12!.couchjobs.plugin.v1.AdmitRequest\x1a\".couchjobs.plugin.v1.AdmitResponse2\x87\x03\n" +
+	"\x05Admit\x12!.couchjobs.plugin.v1.AdmitRequest\x1a\".couchjobs.plugin.v1.AdmitResponse\x12P\n" +
+	"\tServeHTTP\x12 .couchjobs.plugin.v1.HTTPRequest\x1a!.couchjobs.plugin.v1.HTTPResponse2\xe0\x03\n" +
 	"\x04Host\x12K\n" +
 	"\x04Read\x12 .couchjobs.plugin.v1.ReadRequest\x1a!.couchjobs.plugin.v1.ReadResponse\x12Q\n" +
 	"\x06AddJob\x12\".couchjobs.plugin.v1.AddJobRequest\x1a#.couchjobs.plugin.v1.AddJobResponse\x12P\n" +
 	"\tRemoveJob\x12\x1b.couchjobs.plugin.v1.JobRef\x1a&.couchjobs.plugin.v1.RemoveJobResponse\x12C\n" +
 	"\x06GetJob\x12\x1b.couchjobs.plugin.v1.JobRef\x1a\x1c.couchjobs.plugin.v1.JobInfo\x12H\n" +
-	"\tSubscribe\x12\x1b.couchjobs.plugin.v1.JobRef\x1a\x1c.couchjobs.plugin.v1.JobInfo0\x01BGZEgithub.com/couchjobs/couchjobs/sdk/proto/couchjobs/plugin/v1;pluginv1b\x06proto3"
+	"\tSubscribe\x12\x1b.couchjobs.plugin.v1.JobRef\x1a\x1c.couchjobs.plugin.v1.JobInfo0\x01\x12W\n" +
+	"\bListJobs\x12$.couchjobs.plugin.v1.ListJobsRequest\x1a%.couchjobs.plugin.v1.ListJobsResponseBGZEgithub.com/couchjobs/couchjobs/sdk/proto/couchjobs/plugin/v1;pluginv1b\x06proto3"
 
 var (
 	file_couchjobs_plugin_v1_plugin_proto_rawDescOnce sync.Once
@@ -2074,79 +2506,94 @@ func file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP() []byte {
 }
 
 var file_couchjobs_plugin_v1_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_couchjobs_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_couchjobs_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_couchjobs_plugin_v1_plugin_proto_goTypes = []any{
 	(Ack_Status)(0),           // 0: couchjobs.plugin.v1.Ack.Status
 	(StopJob_Reason)(0),       // 1: couchjobs.plugin.v1.StopJob.Reason
 	(End_Outcome)(0),          // 2: couchjobs.plugin.v1.End.Outcome
 	(*DescribeRequest)(nil),   // 3: couchjobs.plugin.v1.DescribeRequest
 	(*DescribeResponse)(nil),  // 4: couchjobs.plugin.v1.DescribeResponse
-	(*JobType)(nil),           // 5: couchjobs.plugin.v1.JobType
-	(*AdmitRequest)(nil),      // 6: couchjobs.plugin.v1.AdmitRequest
-	(*AdmitResponse)(nil),     // 7: couchjobs.plugin.v1.AdmitResponse
-	(*ConfigureRequest)(nil),  // 8: couchjobs.plugin.v1.ConfigureRequest
-	(*ConfigureResponse)(nil), // 9: couchjobs.plugin.v1.ConfigureResponse
-	(*ConfigError)(nil),       // 10: couchjobs.plugin.v1.ConfigError
-	(*HostMessage)(nil),       // 11: couchjobs.plugin.v1.HostMessage
-	(*StartJob)(nil),          // 12: couchjobs.plugin.v1.StartJob
-	(*Ack)(nil),               // 13: couchjobs.plugin.v1.Ack
-	(*StopJob)(nil),           // 14: couchjobs.plugin.v1.StopJob
-	(*PluginMessage)(nil),     // 15: couchjobs.plugin.v1.PluginMessage
-	(*Update)(nil),            // 16: couchjobs.plugin.v1.Update
-	(*Write)(nil),             // 17: couchjobs.plugin.v1.Write
-	(*KeyValue)(nil),          // 18: couchjobs.plugin.v1.KeyValue
-	(*Range)(nil),             // 19: couchjobs.plugin.v1.Range
-	(*Progress)(nil),          // 20: couchjobs.plugin.v1.Progress
-	(*End)(nil),               // 21: couchjobs.plugin.v1.End
-	(*ReadRequest)(nil),       // 22: couchjobs.plugin.v1.ReadRequest
-	(*ReadResponse)(nil),      // 23: couchjobs.plugin.v1.ReadResponse
-	(*JobRef)(nil),            // 24: couchjobs.plugin.v1.JobRef
-	(*AddJobRequest)(nil),     // 25: couchjobs.plugin.v1.AddJobRequest
-	(*AddJobResponse)(nil),    // 26: couchjobs.plugin.v1.AddJobResponse
-	(*RemoveJobResponse)(nil), // 27: couchjobs.plugin.v1.RemoveJobResponse
-	(*JobInfo)(nil),           // 28: couchjobs.plugin.v1.JobInfo
+	(*Route)(nil),             // 5: couchjobs.plugin.v1.Route
+	(*HTTPRequest)(nil),       // 6: couchjobs.plugin.v1.HTTPRequest
+	(*HTTPResponse)(nil),      // 7: couchjobs.plugin.v1.HTTPResponse
+	(*JobType)(nil),           // 8: couchjobs.plugin.v1.JobType
+	(*AdmitRequest)(nil),      // 9: couchjobs.plugin.v1.AdmitRequest
+	(*AdmitResponse)(nil),     // 10: couchjobs.plugin.v1.AdmitResponse
+	(*ConfigureRequest)(nil),  // 11: couchjobs.plugin.v1.ConfigureRequest
+	(*ConfigureResponse)(nil), // 12: couchjobs.plugin.v1.ConfigureResponse
+	(*ConfigError)(nil),       // 13: couchjobs.plugin.v1.ConfigError
+	(*HostMessage)(nil),       // 14: couchjobs.plugin.v1.HostMessage
+	(*StartJob)(nil),          // 15: couchjobs.plugin.v1.StartJob
+	(*Ack)(nil),               // 16: couchjobs.plugin.v1.Ack
+	(*StopJob)(nil),           // 17: couchjobs.plugin.v1.StopJob
+	(*PluginMessage)(nil),     // 18: couchjobs.plugin.v1.PluginMessage
+	(*Update)(nil),            // 19: couchjobs.plugin.v1.Update
+	(*Write)(nil),             // 20: couchjobs.plugin.v1.Write
+	(*KeyValue)(nil),          // 21: couchjobs.plugin.v1.KeyValue
+	(*Range)(nil),             // 22: couchjobs.plugin.v1.Range
+	(*Progress)(nil),          // 23: couchjobs.plugin.v1.Progress
+	(*End)(nil),               // 24: couchjobs.plugin.v1.End
+	(*ReadRequest)(nil),       // 25: couchjobs.plugin.v1.ReadRequest
+	(*ReadResponse)(nil),      // 26: couchjobs.plugin.v1.ReadResponse
+	(*JobRef)(nil),            // 27: couchjobs.plugin.v1.JobRef
+	(*AddJobRequest)(nil),     // 28: couchjobs.plugin.v1.AddJobRequest
+	(*AddJobResponse)(nil),    // 29: couchjobs.plugin.v1.AddJobResponse
+	(*RemoveJobResponse)(nil), // 30: couchjobs.plugin.v1.RemoveJobResponse
+	(*JobInfo)(nil),           // 31: couchjobs.plugin.v1.JobInfo
+	(*ListJobsRequest)(nil),   // 32: couchjobs.plugin.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),  // 33: couchjobs.plugin.v1.ListJobsResponse
+	nil,                       // 34: couchjobs.plugin.v1.HTTPRequest.HeadersEntry
+	nil,                       // 35: couchjobs.plugin.v1.HTTPResponse.HeadersEntry
 }
 var file_couchjobs_plugin_v1_plugin_proto_depIdxs = []int32{
-	5,  // 0: couchjobs.plugin.v1.DescribeResponse.types:type_name -> couchjobs.plugin.v1.JobType
-	10, // 1: couchjobs.plugin.v1.ConfigureResponse.errors:type_name -> couchjobs.plugin.v1.ConfigError
-	12, // 2: couchjobs.plugin.v1.HostMessage.starts:type_name -> couchjobs.plugin.v1.StartJob
-	13, // 3: couchjobs.plugin.v1.HostMessage.acks:type_name -> couchjobs.plugin.v1.Ack
-	14, // 4: couchjobs.plugin.v1.HostMessage.stops:type_name -> couchjobs.plugin.v1.StopJob
-	0,  // 5: couchjobs.plugin.v1.Ack.status:type_name -> couchjobs.plugin.v1.Ack.Status
-	1,  // 6: couchjobs.plugin.v1.StopJob.reason:type_name -> couchjobs.plugin.v1.StopJob.Reason
-	16, // 7: couchjobs.plugin.v1.PluginMessage.updates:type_name -> couchjobs.plugin.v1.Update
-	21, // 8: couchjobs.plugin.v1.PluginMessage.ends:type_name -> couchjobs.plugin.v1.End
-	17, // 9: couchjobs.plugin.v1.Update.writes:type_name -> couchjobs.plugin.v1.Write
-	20, // 10: couchjobs.plugin.v1.Update.progress:type_name -> couchjobs.plugin.v1.Progress
-	18, // 11: couchjobs.plugin.v1.Write.set:type_name -> couchjobs.plugin.v1.KeyValue
-	19, // 12: couchjobs.plugin.v1.Write.clear_range:type_name -> couchjobs.plugin.v1.Range
-	2,  // 13: couchjobs.plugin.v1.End.outcome:type_name -> couchjobs.plugin.v1.End.Outcome
-	17, // 14: couchjobs.plugin.v1.End.writes:type_name -> couchjobs.plugin.v1.Write
-	19, // 15: couchjobs.plugin.v1.ReadRequest.range:type_name -> couchjobs.plugin.v1.Range
-	18, // 16: couchjobs.plugin.v1.ReadResponse.kvs:type_name -> couchjobs.plugin.v1.KeyValue
-	3,  // 17: couchjobs.plugin.v1.Plugin.Describe:input_type -> couchjobs.plugin.v1.DescribeRequest
-	8,  // 18: couchjobs.plugin.v1.Plugin.Configure:input_type -> couchjobs.plugin.v1.ConfigureRequest
-	11, // 19: couchjobs.plugin.v1.Plugin.Session:input_type -> couchjobs.plugin.v1.HostMessage
-	6,  // 20: couchjobs.plugin.v1.Plugin.Admit:input_type -> couchjobs.plugin.v1.AdmitRequest
-	22, // 21: couchjobs.plugin.v1.Host.Read:input_type -> couchjobs.plugin.v1.ReadRequest
-	25, // 22: couchjobs.plugin.v1.Host.AddJob:input_type -> couchjobs.plugin.v1.AddJobRequest
-	24, // 23: couchjobs.plugin.v1.Host.RemoveJob:input_type -> couchjobs.plugin.v1.JobRef
-	24, // 24: couchjobs.plugin.v1.Host.GetJob:input_type -> couchjobs.plugin.v1.JobRef
-	24, // 25: couchjobs.plugin.v1.Host.Subscribe:input_type -> couchjobs.plugin.v1.JobRef
-	4,  // 26: couchjobs.plugin.v1.Plugin.Describe:output_type -> couchjobs.plugin.v1.DescribeResponse
-	9,  // 27: couchjobs.plugin.v1.Plugin.Configure:output_type -> couchjobs.plugin.v1.ConfigureResponse
-	15, // 28: couchjobs.plugin.v1.Plugin.Session:output_type -> couchjobs.plugin.v1.PluginMessage
-	7,  // 29: couchjobs.plugin.v1.Plugin.Admit:output_type -> couchjobs.plugin.v1.AdmitResponse
-	23, // 30: couchjobs.plugin.v1.Host.Read:output_type -> couchjobs.plugin.v1.ReadResponse
-	26, // 31: couchjobs.plugin.v1.Host.AddJob:output_type -> couchjobs.plugin.v1.AddJobResponse
-	27, // 32: couchjobs.plugin.v1.Host.RemoveJob:output_type -> couchjobs.plugin.v1.RemoveJobResponse
-	28, // 33: couchjobs.plugin.v1.Host.GetJob:output_type -> couchjobs.plugin.v1.JobInfo
-	28, // 34: couchjobs.plugin.v1.Host.Subscribe:output_type -> couchjobs.plugin.v1.JobInfo
-	26, // [26:35] is the sub-list for method output_type
-	17, // [17:26] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	8,  // 0: couchjobs.plugin.v1.DescribeResponse.types:type_name -> couchjobs.plugin.v1.JobType
+	5,  // 1: couchjobs.plugin.v1.DescribeResponse.routes:type_name -> couchjobs.plugin.v1.Route
+	34, // 2: couchjobs.plugin.v1.HTTPRequest.headers:type_name -> couchjobs.plugin.v1.HTTPRequest.HeadersEntry
+	35, // 3: couchjobs.plugin.v1.HTTPResponse.headers:type_name -> couchjobs.plugin.v1.HTTPResponse.HeadersEntry
+	13, // 4: couchjobs.plugin.v1.ConfigureResponse.errors:type_name -> couchjobs.plugin.v1.ConfigError
+	15, // 5: couchjobs.plugin.v1.HostMessage.starts:type_name -> couchjobs.plugin.v1.StartJob
+	16, // 6: couchjobs.plugin.v1.HostMessage.acks:type_name -> couchjobs.plugin.v1.Ack
+	17, // 7: couchjobs.plugin.v1.HostMessage.stops:type_name -> couchjobs.plugin.v1.StopJob
+	0,  // 8: couchjobs.plugin.v1.Ack.status:type_name -> couchjobs.plugin.v1.Ack.Status
+	1,  // 9: couchjobs.plugin.v1.StopJob.reason:type_name -> couchjobs.plugin.v1.StopJob.Reason
+	19, // 10: couchjobs.plugin.v1.PluginMessage.updates:type_name -> couchjobs.plugin.v1.Update
+	24, // 11: couchjobs.plugin.v1.PluginMessage.ends:type_name -> couchjobs.plugin.v1.End
+	20, // 12: couchjobs.plugin.v1.Update.writes:type_name -> couchjobs.plugin.v1.Write
+	23, // 13: couchjobs.plugin.v1.Update.progress:type_name -> couchjobs.plugin.v1.Progress
+	21, // 14: couchjobs.plugin.v1.Write.set:type_name -> couchjobs.plugin.v1.KeyValue
+	22, // 15: couchjobs.plugin.v1.Write.clear_range:type_name -> couchjobs.plugin.v1.Range
+	2,  // 16: couchjobs.plugin.v1.End.outcome:type_name -> couchjobs.plugin.v1.End.Outcome
+	20, // 17: couchjobs.plugin.v1.End.writes:type_name -> couchjobs.plugin.v1.Write
+	22, // 18: couchjobs.plugin.v1.ReadRequest.range:type_name -> couchjobs.plugin.v1.Range
+	21, // 19: couchjobs.plugin.v1.ReadResponse.kvs:type_name -> couchjobs.plugin.v1.KeyValue
+	31, // 20: couchjobs.plugin.v1.ListJobsResponse.jobs:type_name -> couchjobs.plugin.v1.JobInfo
+	3,  // 21: couchjobs.plugin.v1.Plugin.Describe:input_type -> couchjobs.plugin.v1.DescribeRequest
+	11, // 22: couchjobs.plugin.v1.Plugin.Configure:input_type -> couchjobs.plugin.v1.ConfigureRequest
+	14, // 23: couchjobs.plugin.v1.Plugin.Session:input_type -> couchjobs.plugin.v1.HostMessage
+	9,  // 24: couchjobs.plugin.v1.Plugin.Admit:input_type -> couchjobs.plugin.v1.AdmitRequest
+	6,  // 25: couchjobs.plugin.v1.Plugin.ServeHTTP:input_type -> couchjobs.plugin.v1.HTTPRequest
+	25, // 26: couchjobs.plugin.v1.Host.Read:input_type -> couchjobs.plugin.v1.ReadRequest
+	28, // 27: couchjobs.plugin.v1.Host.AddJob:input_type -> couchjobs.plugin.v1.AddJobRequest
+	27, // 28: couchjobs.plugin.v1.Host.RemoveJob:input_type -> couchjobs.plugin.v1.JobRef
+	27, // 29: couchjobs.plugin.v1.Host.GetJob:input_type -> couchjobs.plugin.v1.JobRef
+	27, // 30: couchjobs.plugin.v1.Host.Subscribe:input_type -> couchjobs.plugin.v1.JobRef
+	32, // 31: couchjobs.plugin.v1.Host.ListJobs:input_type -> couchjobs.plugin.v1.ListJobsRequest
+	4,  // 32: couchjobs.plugin.v1.Plugin.Describe:output_type -> couchjobs.plugin.v1.DescribeResponse
+	12, // 33: couchjobs.plugin.v1.Plugin.Configure:output_type -> couchjobs.plugin.v1.ConfigureResponse
+	18, // 34: couchjobs.plugin.v1.Plugin.Session:output_type -> couchjobs.plugin.v1.PluginMessage
+	10, // 35: couchjobs.plugin.v1.Plugin.Admit:output_type -> couchjobs.plugin.v1.AdmitResponse
+	7,  // 36: couchjobs.plugin.v1.Plugin.ServeHTTP:output_type -> couchjobs.plugin.v1.HTTPResponse
+	26, // 37: couchjobs.plugin.v1.Host.Read:output_type -> couchjobs.plugin.v1.ReadResponse
+	29, // 38: couchjobs.plugin.v1.Host.AddJob:output_type -> couchjobs.plugin.v1.AddJobResponse
+	30, // 39: couchjobs.plugin.v1.Host.RemoveJob:output_type -> couchjobs.plugin.v1.RemoveJobResponse
+	31, // 40: couchjobs.plugin.v1.Host.GetJob:output_type -> couchjobs.plugin.v1.JobInfo
+	31, // 41: couchjobs.plugin.v1.Host.Subscribe:output_type -> couchjobs.plugin.v1.JobInfo
+	33, // 42: couchjobs.plugin.v1.Host.ListJobs:output_type -> couchjobs.plugin.v1.ListJobsResponse
+	32, // [32:43] is the sub-list for method output_type
+	21, // [21:32] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_couchjobs_plugin_v1_plugin_proto_init() }
@@ -2154,7 +2601,7 @@ func file_couchjobs_plugin_v1_plugin_proto_init() {
 	if File_couchjobs_plugin_v1_plugin_proto != nil {
 		return
 	}
-	file_couchjobs_plugin_v1_plugin_proto_msgTypes[14].OneofWrappers = []any{
+	file_couchjobs_plugin_v1_plugin_proto_msgTypes[17].OneofWrappers = []any{
 		(*Write_Set)(nil),
 		(*Write_Clear)(nil),
 		(*Write_ClearRange)(nil),
@@ -2165,7 +2612,7 @@ func file_couchjobs_plugin_v1_plugin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_couchjobs_plugin_v1_plugin_proto_rawDesc), len(file_couchjobs_plugin_v1_plugin_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   26,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -33,6 +33,7 @@ const (
 	Plugin_Configure_FullMethodName = "/couchjobs.plugin.v1.Plugin/Configure"
 	Plugin_Session_FullMethodName   = "/couchjobs.plugin.v1.Plugin/Session"
 	Plugin_Admit_FullMethodName     = "/couchjobs.plugin.v1.Plugin/Admit"
+	Plugin_ServeHTTP_FullMethodName = "/couchjobs.plugin.v1.Plugin/ServeHTTP"
 )
 
 // PluginClient is the client API for Plugin service.
@@ -57,6 +58,9 @@ type PluginClient interface {
 	// before the host stores it, and says where its first run goes. A job
 	// it refuses is not stored, and the caller gets the refusal.
 	Admit(ctx context.Context, in *AdmitRequest, opts ...grpc.CallOption) (*AdmitResponse, error)
+	// ServeHTTP answers a request to one of the routes the plugin declared
+	// (DescribeResponse.routes), which the host's API forwards to it.
+	ServeHTTP(ctx context.Context, in *HTTPRequest, opts ...grpc.CallOption) (*HTTPResponse, error)
 }
 
 type pluginClient struct {
@@ -110,6 +114,16 @@ func (c *pluginClient) Admit(ctx context.Context, in *AdmitRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *pluginClient) ServeHTTP(ctx context.Context, in *HTTPRequest, opts ...grpc.CallOption) (*HTTPResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(HTTPResponse)
+	err := c.cc.Invoke(ctx, Plugin_ServeHTTP_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PluginServer is the server API for Plugin service.
 // All implementations must embed UnimplementedPluginServer
 // for forward compatibility.
@@ -132,6 +146,9 @@ type PluginServer interface {
 	// before the host stores it, and says where its first run goes. A job
 	// it refuses is not stored, and the caller gets the refusal.
 	Admit(context.Context, *AdmitRequest) (*AdmitResponse, error)
+	// ServeHTTP answers a request to one of the routes the plugin declared
+	// (DescribeResponse.routes), which the host's API forwards to it.
+	ServeHTTP(context.Context, *HTTPRequest) (*HTTPResponse, error)
 	mustEmbedUnimplementedPluginServer()
 }
 
@@ -153,6 +170,9 @@ func (UnimplementedPluginServer) Session(grpc.BidiStreamingServer[HostMessage, P
 }
 func (UnimplementedPluginServer) Admit(context.Context, *AdmitRequest) (*AdmitResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Admit not implemented")
+}
+func (UnimplementedPluginServer) ServeHTTP(context.Context, *HTTPRequest) (*HTTPResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ServeHTTP not implemented")
 }
 func (UnimplementedPluginServer) mustEmbedUnimplementedPluginServer() {}
 func (UnimplementedPluginServer) testEmbeddedByValue()                {}
@@ -236,6 +256,24 @@ func _Plugin_Admit_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Plugin_ServeHTTP_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HTTPRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PluginServer).ServeHTTP(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Plugin_ServeHTTP_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PluginServer).ServeHTTP(ctx, req.(*HTTPRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Plugin_ServiceDesc is the grpc.ServiceDesc for Plugin service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -255,6 +293,10 @@ var Plugin_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Admit",
 			Handler:    _Plugin_Admit_Handler,
 		},
+		{
+			MethodName: "ServeHTTP",
+			Handler:    _Plugin_ServeHTTP_Handler,
+		},
 	},
 	Streams: []grpc.StreamDesc{
 		{
@@ -273,6 +315,7 @@ const (
 	Host_RemoveJob_FullMethodName = "/couchjobs.plugin.v1.Host/RemoveJob"
 	Host_GetJob_FullMethodName    = "/couchjobs.plugin.v1.Host/GetJob"
 	Host_Subscribe_FullMethodName = "/couchjobs.plugin.v1.Host/Subscribe"
+	Host_ListJobs_FullMethodName  = "/couchjobs.plugin.v1.Host/ListJobs"
 )
 
 // HostClient is the client API for Host service.
@@ -292,6 +335,8 @@ type HostClient interface {
 	GetJob(ctx context.Context, in *JobRef, opts ...grpc.CallOption) (*JobInfo, error)
 	// Subscribe streams a job's changes until it finishes or is removed.
 	Subscribe(ctx context.Context, in *JobRef, opts ...grpc.CallOption) (grpc.ServerStreamingClient[JobInfo], error)
+	// ListJobs returns a page of a type's jobs in id order.
+	ListJobs(ctx context.Context, in *ListJobsRequest, opts ...grpc.CallOption) (*ListJobsResponse, error)
 }
 
 type hostClient struct {
@@ -361,6 +406,16 @@ func (c *hostClient) Subscribe(ctx context.Context, in *JobRef, opts ...grpc.Cal
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Host_SubscribeClient = grpc.ServerStreamingClient[JobInfo]
 
+func (c *hostClient) ListJobs(ctx context.Context, in *ListJobsRequest, opts ...grpc.CallOption) (*ListJobsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListJobsResponse)
+	err := c.cc.Invoke(ctx, Host_ListJobs_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // HostServer is the server API for Host service.
 // All implementations must embed UnimplementedHostServer
 // for forward compatibility.
@@ -378,6 +433,8 @@ type HostServer interface {
 	GetJob(context.Context, *JobRef) (*JobInfo, error)
 	// Subscribe streams a job's changes until it finishes or is removed.
 	Subscribe(*JobRef, grpc.ServerStreamingServer[JobInfo]) error
+	// ListJobs returns a page of a type's jobs in id order.
+	ListJobs(context.Context, *ListJobsRequest) (*ListJobsResponse, error)
 	mustEmbedUnimplementedHostServer()
 }
 
@@ -402,6 +459,9 @@ func (UnimplementedHostServer) GetJob(context.Context, *JobRef) (*JobInfo, error
 }
 func (UnimplementedHostServer) Subscribe(*JobRef, grpc.ServerStreamingServer[JobInfo]) error {
 	return status.Errorf(codes.Unimplemented, "method Subscribe not implemented")
+}
+func (UnimplementedHostServer) ListJobs(context.Context, *ListJobsRequest) (*ListJobsResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method ListJobs not implemented")
 }
 func (UnimplementedHostServer) mustEmbedUnimplementedHostServer() {}
 func (UnimplementedHostServer) testEmbeddedByValue()              {}
@@ -507,6 +567,24 @@ func _Host_Subscribe_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Host_SubscribeServer = grpc.ServerStreamingServer[JobInfo]
 
+func _Host_ListJobs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListJobsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(HostServer).ListJobs(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Host_ListJobs_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(HostServer).ListJobs(ctx, req.(*ListJobsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Host_ServiceDesc is the grpc.ServiceDesc for Host service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -529,6 +607,10 @@ var Host_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetJob",
 			Handler:    _Host_GetJob_Handler,
+		},
+		{
+			MethodName: "ListJobs",
+			Handler:    _Host_ListJobs_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
