@@ -29,6 +29,8 @@ type Client struct {
 	user, pass string
 	header     http.Header
 	http       *http.Client
+	retries    int
+	retryWait  time.Duration
 }
 
 // Options shape a client.
@@ -40,6 +42,15 @@ type Options struct {
 	Timeout time.Duration
 	// Transport replaces the default one (tests).
 	Transport http.RoundTripper
+	// MaxConns bounds the connections to the server (CouchDB's
+	// http_connections); 0 is unbounded.
+	MaxConns int
+	// Retries is how many times a request that failed for a transient
+	// reason (no connection, a 5xx or 429 answer) is sent again, after
+	// RetryWait (default 250 ms) doubled each time, as CouchDB's
+	// retries_per_request. Every request the client sends is idempotent.
+	Retries   int
+	RetryWait time.Duration
 }
 
 // New returns a client for the server at rawURL. Credentials in the URL's
@@ -52,7 +63,10 @@ func New(rawURL string, o Options) (*Client, error) {
 	if u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
 		return nil, fmt.Errorf("couch: server URL %q: want http(s)://host[:port][/path]", redact(u))
 	}
-	c := &Client{header: http.Header{}}
+	c := &Client{header: http.Header{}, retries: o.Retries, retryWait: o.RetryWait}
+	if c.retryWait == 0 {
+		c.retryWait = 250 * time.Millisecond
+	}
 	if u.User != nil {
 		c.user = u.User.Username()
 		c.pass, _ = u.User.Password()
@@ -72,6 +86,8 @@ func New(rawURL string, o Options) (*Client, error) {
 		t := http.DefaultTransport.(*http.Transport).Clone()
 		t.DisableCompression = true
 		t.ResponseHeaderTimeout = o.Timeout
+		t.MaxConnsPerHost = o.MaxConns
+		t.MaxIdleConnsPerHost = max(o.MaxConns, 4)
 		tr = t
 	}
 	c.http = &http.Client{Transport: tr}
@@ -196,18 +212,11 @@ func (c *Client) request(ctx context.Context, method, path string, q url.Values,
 
 // do sends a request and decodes a JSON answer into out (unless nil).
 func (c *Client) do(ctx context.Context, method, path string, q url.Values, body, out any) error {
-	req, err := c.request(ctx, method, path, q, body)
+	resp, err := c.send(ctx, method, path, q, body)
 	if err != nil {
 		return err
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("couch: %s %s%s: %w", method, c.base.Host, path, err)
 	}
 	defer resp.Body.Close()
-	if err := checkResponse(method, path, resp); err != nil {
-		return err
-	}
 	if out == nil || method == http.MethodHead {
 		io.Copy(io.Discard, resp.Body)
 		return nil
@@ -216,6 +225,53 @@ func (c *Client) do(ctx context.Context, method, path string, q url.Values, body
 		return fmt.Errorf("couch: %s %s: decode the answer: %w", method, path, err)
 	}
 	return nil
+}
+
+// send sends a request, retrying transient failures, and returns a
+// successful response for the caller to read and close.
+func (c *Client) send(ctx context.Context, method, path string, q url.Values, body any) (*http.Response, error) {
+	if body != nil {
+		if _, raw := body.(json.RawMessage); !raw {
+			b, err := json.Marshal(body)
+			if err != nil {
+				return nil, fmt.Errorf("couch: %s %s: encode the body: %w", method, path, err)
+			}
+			body = json.RawMessage(b)
+		}
+	}
+	wait := c.retryWait
+	for attempt := 0; ; attempt++ {
+		req, err := c.request(ctx, method, path, q, body)
+		if err != nil {
+			return nil, err
+		}
+		resp, err := c.http.Do(req)
+		if err != nil {
+			err = fmt.Errorf("couch: %s %s%s: %w", method, c.base.Host, path, err)
+		} else if err = checkResponse(method, path, resp); err != nil {
+			resp.Body.Close()
+		} else {
+			return resp, nil
+		}
+		if attempt >= c.retries || !transient(err) || ctx.Err() != nil {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(wait):
+		}
+		wait *= 2
+	}
+}
+
+// transient reports whether a failed request may succeed if sent again.
+func transient(err error) bool {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Status >= 500 || e.Status == http.StatusTooManyRequests || e.Status == http.StatusRequestTimeout
+	}
+	return true // no answer: the connection failed or timed out
 }
 
 // checkResponse turns an error status into an *Error.

@@ -1,9 +1,13 @@
 package couch_test
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -170,5 +174,60 @@ func TestRequests(t *testing.T) {
 		if _, err := couch.New(bad, couch.Options{}); err == nil {
 			t.Errorf("New(%q) accepted", bad)
 		}
+	}
+}
+
+// TestOpenRevsMultipart reads CouchDB 3.x's multipart/mixed answer to
+// open_revs (pouchdb-server never sends one): a plain JSON part, a
+// multipart/related part whose attachment follows the document (one
+// gzip-encoded, as att_encoding_info sends it), and a missing revision.
+func TestOpenRevsMultipart(t *testing.T) {
+	t.Parallel()
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write([]byte("zipped text"))
+	zw.Close()
+	body := "--outer\r\nContent-Type: application/json\r\n\r\n" +
+		`{"_id":"d","_rev":"2-b","_revisions":{"start":2,"ids":["b","a"]},"x":1}` +
+		"\r\n--outer\r\nContent-Type: multipart/related; boundary=\"inner\"\r\n\r\n" +
+		"--inner\r\nContent-Type: application/json\r\n\r\n" +
+		`{"_id":"d","_rev":"2-c","_revisions":{"start":2,"ids":["c","a"]},"_attachments":{"f.txt":{"content_type":"text/plain","revpos":2,"digest":"md5-x","length":5,"follows":true},"z.txt":{"content_type":"text/plain","revpos":2,"encoding":"gzip","encoded_length":` + fmt.Sprint(gz.Len()) + `,"length":11,"follows":true}}}` +
+		"\r\n--inner\r\nContent-Disposition: attachment; filename=\"f.txt\"\r\n\r\nhello" +
+		"\r\n--inner\r\nContent-Disposition: attachment; filename=\"z.txt\"\r\n\r\n" + gz.String() +
+		"\r\n--inner--\r\n" +
+		"\r\n--outer\r\nContent-Type: application/json; error=\"true\"\r\n\r\n" + `{"missing":"3-z"}` +
+		"\r\n--outer--\r\n"
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("open_revs") != `["2-b","2-c","3-z"]` || r.URL.Query().Get("latest") != "true" {
+			http.Error(w, "bad query "+r.URL.RawQuery, 400)
+			return
+		}
+		w.Header().Set("Content-Type", `multipart/mixed; boundary="outer"`)
+		io.WriteString(w, body)
+	}))
+	defer srv.Close()
+	c, _ := couch.New(srv.URL, couch.Options{})
+	revs, err := c.OpenRevs(ctx, "db", "d", []string{"2-b", "2-c", "3-z"}, true, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(revs) != 3 || revs[0].Rev != "2-b" || revs[1].Rev != "2-c" || !revs[2].Missing || revs[2].Rev != "3-z" {
+		t.Fatalf("revisions %+v", revs)
+	}
+	var doc struct {
+		Atts map[string]struct {
+			Data     []byte `json:"data"`
+			Follows  bool   `json:"follows"`
+			Encoding string `json:"encoding"`
+		} `json:"_attachments"`
+	}
+	if err := json.Unmarshal(revs[1].Doc, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if a := doc.Atts["f.txt"]; string(a.Data) != "hello" || a.Follows {
+		t.Errorf("f.txt: %+v", a)
+	}
+	if a := doc.Atts["z.txt"]; string(a.Data) != "zipped text" || a.Encoding != "" {
+		t.Errorf("z.txt: %+v", a)
 	}
 }

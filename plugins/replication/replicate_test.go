@@ -1,0 +1,170 @@
+package replication_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/couchjobs/couchjobs/plugins/internal/couchtest"
+	"github.com/couchjobs/couchjobs/plugins/replication"
+)
+
+// run runs one one-shot session of a replication document.
+func run(t testing.TB, doc string) (*replication.Result, replication.Stats) {
+	t.Helper()
+	spec, err := replication.Parse([]byte(doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &replication.Replication{Spec: spec}
+	res, err := r.Run(bg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res, r.Stats()
+}
+
+// TestOneShot replicates documents, conflicts, deletions, attachments and
+// design documents, leaves _local documents behind, then resumes from its
+// checkpoint for the next changes only; with _bulk_get and with open_revs.
+func TestOneShot(t *testing.T) {
+	t.Parallel()
+	s := couchtest.Start(t)
+	c := admin(t, s)
+	for _, db := range []string{"src"} {
+		if err := c.CreateDB(bg, db, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill(t, c, "src", "doc", 1200)
+	for i := range 20 {
+		conflicted(t, c, "src", fmt.Sprint("conflict-", i))
+	}
+	rev, err := c.Put(bg, "src", "gone", map[string]any{"x": 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(bg, "src", "gone", rev); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(bg, "src", "_design/app", map[string]any{"views": map[string]any{}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(bg, "src", "_local/private", map[string]any{"x": 1}); err != nil {
+		t.Fatal(err)
+	}
+	extra := 0
+	for _, bulkGet := range []bool{true, false} {
+		tgt := fmt.Sprint("tgt-bulk-get-", bulkGet)
+		doc := fmt.Sprintf(`{"source":%q,"target":%q,"create_target":true,"use_bulk_get":%t,"worker_batch_size":100}`, dbURL(s, "src"), dbURL(s, tgt), bulkGet)
+		res, st := run(t, doc)
+		if !res.OK || res.NoChanges || len(res.History) != 1 {
+			t.Fatalf("result %+v", res)
+		}
+		n := same(t, c, c, "src", tgt)
+		if n != 1200+20*3+2+extra {
+			t.Errorf("%d leaf revisions", n)
+		}
+		if st.DocsWritten != int64(n) || st.DocWriteFailures != 0 || st.MissingRevisionsFound != int64(n) {
+			t.Errorf("stats %+v", st)
+		}
+		if hasLocal(t, c, tgt, "_local/private") {
+			t.Error("a _local document was replicated")
+		}
+		// Only the new changes the second time.
+		fill(t, c, "src", "more"+tgt, 10)
+		extra += 10
+		res, st = run(t, doc)
+		if st.RevisionsChecked != 10 || st.DocsWritten != 10 || len(res.History) != 2 {
+			t.Errorf("resumed: %+v, history %d", st, len(res.History))
+		}
+		same(t, c, c, "src", tgt)
+		res, _ = run(t, doc)
+		if !res.NoChanges {
+			t.Errorf("nothing new: %+v", res)
+		}
+	}
+}
+
+// TestFiltered replicates with a filter function and its parameters,
+// with doc_ids, and with a selector.
+func TestFiltered(t *testing.T) {
+	t.Parallel()
+	s := couchtest.Start(t)
+	c := admin(t, s)
+	if err := c.CreateDB(bg, "src", 0); err != nil {
+		t.Fatal(err)
+	}
+	var docs []json.RawMessage
+	for i := range 30 {
+		docs = append(docs, json.RawMessage(fmt.Sprintf(`{"_id":"d%02d","color":%q}`, i, []string{"red", "blue", "green"}[i%3])))
+	}
+	if _, err := c.BulkDocs(bg, "src", docs, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Put(bg, "src", "_design/f", map[string]any{"filters": map[string]string{
+		"color": "function(doc, req) { return doc.color === req.query.color; }",
+	}}); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name, opts string
+		want       []string
+	}{
+		{"filter", `"filter":"f/color","query_params":{"color":"blue"}`, []string{"d01", "d04", "d07", "d10", "d13", "d16", "d19", "d22", "d25", "d28"}},
+		{"doc_ids", `"doc_ids":["d03","d05","nope"]`, []string{"d03", "d05"}},
+		{"selector", `"selector":{"color":"green"}`, []string{"d02", "d05", "d08", "d11", "d14", "d17", "d20", "d23", "d26", "d29"}},
+	}
+	for _, tc := range cases {
+		tgt := "tgt-" + tc.name
+		run(t, fmt.Sprintf(`{"source":%q,"target":%q,"create_target":true,%s}`, dbURL(s, "src"), dbURL(s, tgt), tc.opts))
+		got := sortedKeys(leaves(t, c, tgt))
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: replicated %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestReplicationID: the id hashes what CouchDB hashes, and never a
+// password.
+func TestReplicationID(t *testing.T) {
+	t.Parallel()
+	id := func(doc, code string) string {
+		s, err := replication.Parse([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return replication.ReplicationID(s, code)
+	}
+	base := id(`{"source":"http://u:p@h:5984/a","target":"http://h:5984/b"}`, "")
+	cases := []struct {
+		doc, code string
+		same      bool
+	}{
+		{`{"source":"http://u:other@h:5984/a/","target":"http://h:5984/b","worker_processes":9}`, "", true},
+		{`{"source":{"url":"http://h:5984/a","auth":{"basic":{"username":"u","password":"x"}}},"target":"http://h:5984/b"}`, "", true},
+		{`{"source":"http://v:p@h:5984/a","target":"http://h:5984/b"}`, "", false},
+		{`{"source":"http://u:p@h:5984/a","target":"http://h:5984/c"}`, "", false},
+		{`{"source":"http://u:p@h:5984/a","target":"http://h:5984/b","doc_ids":["x"]}`, "", false},
+		{`{"source":"http://u:p@h:5984/a","target":"http://h:5984/b","selector":{"x":1}}`, "", false},
+		{`{"source":"http://u:p@h:5984/a","target":"http://h:5984/b","since_seq":5}`, "", false},
+		{`{"source":"http://u:p@h:5984/a","target":"http://h:5984/b","winning_revs_only":true}`, "", false},
+	}
+	for _, c := range cases {
+		if got := id(c.doc, c.code); (got == base) != c.same {
+			t.Errorf("%s: id %s vs %s, want same=%t", c.doc, got, base, c.same)
+		}
+	}
+	f1 := id(`{"source":"http://h/a","target":"http://h/b","filter":"d/f","query_params":{"x":"1"}}`, "function(){return 1}")
+	f2 := id(`{"source":"http://h/a","target":"http://h/b","filter":"d/f","query_params":{"x":"1"}}`, "function(){return 2}")
+	f3 := id(`{"source":"http://h/a","target":"http://h/b","filter":"d/f","query_params":{"x":"2"}}`, "function(){return 1}")
+	if f1 == f2 || f1 == f3 {
+		t.Error("the filter's code and parameters are not in the id")
+	}
+	c := id(`{"source":"http://h/a","target":"http://h/b","continuous":true,"create_target":true}`, "")
+	if !strings.HasSuffix(c, "+continuous+create_target") || len(c) != 32+len("+continuous+create_target") {
+		t.Errorf("extensions: %s", c)
+	}
+}
