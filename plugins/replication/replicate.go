@@ -1,6 +1,7 @@
 package replication
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -70,6 +71,9 @@ type Replication struct {
 	stats          counters
 	srcCP, tgtCP   *Checkpoint
 	bulkGetOff     atomic.Bool
+	// fresh: the target was empty when the session began, so every
+	// revision is missing from it (see work).
+	fresh bool
 
 	mu           sync.Mutex
 	sourceSeq    json.RawMessage // the newest change read
@@ -142,11 +146,14 @@ func (r *Replication) prepare(ctx context.Context) error {
 		}
 		return fmt.Errorf("source %s: %w", r.Spec.Source.Redacted(), err)
 	}
-	ok, err := r.tgt.DBExists(ctx, r.tgtDB)
-	if err != nil {
+	info, err := r.tgt.DBInfo(ctx, r.tgtDB)
+	if err != nil && !errors.Is(err, couch.ErrNotFound) {
 		return fmt.Errorf("target %s: %w", r.Spec.Target.Redacted(), err)
 	}
-	if !ok {
+	seq, _ := seqNumber(info.UpdateSeq)
+	r.fresh = err == nil && info.DocCount == 0 && info.DocDelCount == 0 && seq == 0
+	if errors.Is(err, couch.ErrNotFound) {
+		r.fresh = true
 		if !r.Spec.Options.CreateTarget {
 			return fmt.Errorf("the target database %s does not exist (set create_target to create it)", r.Spec.Target.Redacted())
 		}
@@ -302,7 +309,8 @@ func (r *Replication) read(ctx context.Context, out chan<- couch.Change) (json.R
 	o := r.Spec.Options
 	fo := couch.FeedOptions{
 		Since: r.startSeq, Continuous: o.Continuous, AllRevs: !o.WinningRevsOnly,
-		Filter: o.Filter, Params: o.QueryParams, DocIDs: o.DocIDs, Selector: o.Selector,
+		IncludeDocs: r.fresh,
+		Filter:      o.Filter, Params: o.QueryParams, DocIDs: o.DocIDs, Selector: o.Selector,
 		IdleTimeout: max(o.connectionTimeout(), 30*time.Second),
 	}
 	failures := 0
@@ -389,29 +397,55 @@ func (r *Replication) cut(ctx context.Context, in <-chan couch.Change, out chan<
 }
 
 // work copies what the target lacks of a batch's changes.
+//
+// A session that began on an empty target (an initial replication, the
+// heavy case) knows every revision is missing there: it skips _revs_diff,
+// and takes first-generation documents without attachments from the
+// changes feed itself (include_docs), whose history is the revision alone,
+// fetching only the others. Writing with new_edits=false is idempotent, so
+// a revision someone else wrote to the target meanwhile is merely written
+// twice. Otherwise the batch goes through _revs_diff and the fetch.
 func (r *Replication) work(ctx context.Context, b *batch) error {
 	revs := make(map[string][]string, len(b.changes))
 	checked := 0
+	var docs []json.RawMessage
 	for _, ch := range b.changes {
+		if r.fresh {
+			if doc, ok := firstGeneration(ch); ok {
+				docs = append(docs, doc)
+				checked++
+				continue
+			}
+		}
 		for _, c := range ch.Changes {
 			revs[ch.ID] = append(revs[ch.ID], c.Rev)
 			checked++
 		}
 	}
 	r.stats.revsChecked.Add(int64(checked))
-	if len(revs) == 0 {
-		return nil
+	if len(docs) > 0 {
+		r.stats.missingFound.Add(int64(len(docs)))
 	}
-	diff, err := r.tgt.RevsDiff(ctx, r.tgtDB, revs)
-	if err != nil {
-		return fmt.Errorf("target: _revs_diff: %w", err)
-	}
-	if len(diff) == 0 {
-		return nil
-	}
-	docs, err := r.fetch(ctx, diff)
-	if err != nil {
-		return err
+	if len(revs) > 0 {
+		var diff map[string]couch.RevsDiff
+		if r.fresh {
+			diff = make(map[string]couch.RevsDiff, len(revs))
+			for id, rs := range revs {
+				diff[id] = couch.RevsDiff{Missing: rs}
+			}
+		} else {
+			var err error
+			if diff, err = r.tgt.RevsDiff(ctx, r.tgtDB, revs); err != nil {
+				return fmt.Errorf("target: _revs_diff: %w", err)
+			}
+		}
+		if len(diff) > 0 {
+			fetched, err := r.fetch(ctx, diff)
+			if err != nil {
+				return err
+			}
+			docs = append(docs, fetched...)
+		}
 	}
 	if len(docs) == 0 {
 		return nil
@@ -427,6 +461,37 @@ func (r *Replication) work(ctx context.Context, b *batch) error {
 	r.stats.writeFailures.Add(int64(len(bad)))
 	r.stats.docsWritten.Add(int64(len(docs) - len(bad)))
 	return nil
+}
+
+// firstGeneration returns a change's document ready to write, with its
+// history, when the change is a document's first revision, the feed
+// included that very revision, and it has no attachments (the feed gives
+// attachment stubs, not data).
+func firstGeneration(ch couch.Change) (json.RawMessage, bool) {
+	if len(ch.Changes) != 1 || len(ch.Doc) == 0 || ch.Deleted {
+		return nil, false
+	}
+	rev := ch.Changes[0].Rev
+	hash, ok := strings.CutPrefix(rev, "1-")
+	if !ok || strings.ContainsAny(hash, `"\`) || bytes.Contains(ch.Doc, []byte(`"_attachments"`)) {
+		return nil, false
+	}
+	var meta struct {
+		Rev string `json:"_rev"`
+	}
+	if json.Unmarshal(ch.Doc, &meta) != nil || meta.Rev != rev {
+		return nil, false
+	}
+	doc := bytes.TrimRight(ch.Doc, " \t\r\n")
+	if len(doc) < 2 || doc[len(doc)-1] != '}' {
+		return nil, false
+	}
+	out := make([]byte, 0, len(doc)+len(hash)+40)
+	out = append(out, doc[:len(doc)-1]...)
+	out = append(out, `,"_revisions":{"start":1,"ids":["`...)
+	out = append(out, hash...)
+	out = append(out, `"]}}`...)
+	return out, true
 }
 
 // fetch reads the missing revisions from the source, with their histories

@@ -399,6 +399,8 @@ type DBInfo struct {
 	// UpdateSeq is the sequence of the database's last change (opaque).
 	UpdateSeq json.RawMessage `json:"update_seq"`
 	DocCount  int64           `json:"doc_count"`
+	// DocDelCount counts deleted documents.
+	DocDelCount int64 `json:"doc_del_count"`
 }
 
 // DBInfo reads a database's information.

@@ -33,18 +33,29 @@ const (
 // Server is a running pouchdb-server.
 type Server struct {
 	// URL is the server's base URL, without credentials.
-	URL  string
-	cmd  *exec.Cmd
-	done chan struct{}
-	dir  string
-	port int
-	t    testing.TB
+	URL    string
+	cmd    *exec.Cmd
+	done   chan struct{}
+	dir    string
+	port   int
+	script string
 }
 
 // Install installs pouchdb-server into the user cache directory unless it
-// is there, and returns the path of its start script. Concurrent test
-// processes share one install, under a file lock.
+// is there, and returns the path of its start script.
 func Install() (string, error) {
+	dir, err := InstallPackage("pouchdb-server", Version)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, "node_modules", "pouchdb-server", "bin", "pouchdb-server"), nil
+}
+
+// InstallPackage installs an npm package (without running its scripts)
+// into its own directory of the user cache, unless it is there, and
+// returns that directory. Concurrent processes share one install, under a
+// file lock.
+func InstallPackage(name, version string) (string, error) {
 	if _, err := exec.LookPath("npm"); err != nil {
 		return "", errors.New("npm is missing: install Node.js and npm (Debian: apt-get install nodejs npm); .ci/run does")
 	}
@@ -52,8 +63,7 @@ func Install() (string, error) {
 	if err != nil {
 		cache = os.TempDir()
 	}
-	dir := filepath.Join(cache, "couchjobs", "pouchdb-server-"+Version)
-	script := filepath.Join(dir, "node_modules", "pouchdb-server", "bin", "pouchdb-server")
+	dir := filepath.Join(cache, "couchjobs", name+"-"+version)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
@@ -67,57 +77,91 @@ func Install() (string, error) {
 	}
 	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
 	if _, err := os.Stat(filepath.Join(dir, ".installed")); err == nil {
-		return script, nil
+		return dir, nil
 	}
-	cmd := exec.Command("npm", "install", "--ignore-scripts", "--no-audit", "--no-fund", "--prefix", dir, "pouchdb-server@"+Version)
+	cmd := exec.Command("npm", "install", "--ignore-scripts", "--no-audit", "--no-fund", "--prefix", dir, name+"@"+version)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("npm install pouchdb-server@%s: %v\n%s", Version, err, out)
+		return "", fmt.Errorf("npm install %s@%s: %v\n%s", name, version, err, out)
 	}
 	if err := os.WriteFile(filepath.Join(dir, ".installed"), nil, 0o644); err != nil {
 		return "", err
 	}
-	return script, nil
+	return dir, nil
 }
 
 // Start starts a server for the test, with the admin account, and stops
 // it when the test ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	script, err := Install()
+	s, err := Launch(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	s := &Server{URL: fmt.Sprintf("http://127.0.0.1:%d", port), dir: t.TempDir(), port: port, t: t}
-	s.start(script)
 	t.Cleanup(s.Stop)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := s.waitUp(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.request("PUT", "/_config/admins/"+Admin, `"`+Password+`"`, false); err != nil {
-		t.Fatalf("create the admin: %v", err)
-	}
 	return s
 }
 
-func (s *Server) start(script string) {
-	s.cmd = exec.Command("node", "--unhandled-rejections=warn", script, "-m", "-p", fmt.Sprint(s.port), "-o", "127.0.0.1", "-n")
+// Launch starts a server with the admin account, working in dir, on a
+// free port of 127.0.0.1; the caller stops it.
+func Launch(dir string) (*Server, error) {
+	script, err := Install()
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	s := &Server{URL: fmt.Sprintf("http://127.0.0.1:%d", port), dir: dir, port: port, script: script}
+	if err := s.start(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.waitUp(ctx); err != nil {
+		s.Stop()
+		return nil, err
+	}
+	if err := s.request("PUT", "/_config/admins/"+Admin, `"`+Password+`"`, false); err != nil {
+		s.Stop()
+		return nil, fmt.Errorf("create the admin: %w", err)
+	}
+	return s, nil
+}
+
+// Restart stops the server (if it runs) and starts it again on the same port: an
+// endpoint that goes away and comes back. It starts empty (the server
+// keeps its databases in memory), with the admin account.
+func (s *Server) Restart() error {
+	s.Stop()
+	if err := s.start(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.waitUp(ctx); err != nil {
+		return err
+	}
+	return s.request("PUT", "/_config/admins/"+Admin, `"`+Password+`"`, false)
+}
+
+func (s *Server) start() error {
+	s.cmd = exec.Command("node", "--unhandled-rejections=warn", s.script, "-m", "-p", fmt.Sprint(s.port), "-o", "127.0.0.1", "-n")
 	s.cmd.Dir = s.dir // it writes config.json and log.txt where it runs
 	var out bytes.Buffer
 	s.cmd.Stdout, s.cmd.Stderr = &out, &out
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := s.cmd.Start(); err != nil {
-		s.t.Fatalf("start pouchdb-server: %v", err)
+		return fmt.Errorf("start pouchdb-server: %w", err)
 	}
 	s.done = make(chan struct{})
 	go func() { s.cmd.Wait(); close(s.done) }()
+	return nil
 }
 
 func (s *Server) waitUp(ctx context.Context) error {

@@ -1,0 +1,220 @@
+// Command benchrep is `make bench-replication`: the replicator's
+// throughput on three workloads, each between two databases of a local
+// pouchdb-server, beside PouchDB's own replicator (npm pouchdb,
+// PouchDB.replicate, with its defaults) and the target's raw _bulk_docs
+// ingest rate (the same documents, histories included, written with
+// new_edits=false by worker_processes writers in worker_batch_size
+// batches): the ceiling no replicator writing through _bulk_docs can
+// pass. Each measurement starts from a fresh target database.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/couchjobs/couchjobs/plugins/internal/couch"
+	"github.com/couchjobs/couchjobs/plugins/internal/couchtest"
+	"github.com/couchjobs/couchjobs/plugins/replication"
+)
+
+// PouchDBVersion is the npm pouchdb the replicator is compared with.
+const PouchDBVersion = "9.0.0"
+
+var ctx = context.Background()
+
+var (
+	extra     *string
+	rounds    *int
+	withPouch *bool
+)
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+type workload struct {
+	name string
+	docs func(i int) []json.RawMessage // the leaf revisions of document i
+	n    int
+}
+
+func small(i int) []json.RawMessage {
+	return []json.RawMessage{json.RawMessage(fmt.Sprintf(
+		`{"_id":"doc-%06d","_rev":"1-%032x","_revisions":{"start":1,"ids":["%032x"]},"n":%d,"text":"small document number %d"}`, i, i, i, i, i))}
+}
+
+func conflicted(i int) []json.RawMessage {
+	att := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte(fmt.Sprintf("attachment %d ", i)), 64))
+	out := make([]json.RawMessage, 3)
+	for b := range 3 {
+		attachment := ""
+		if b == 0 {
+			attachment = fmt.Sprintf(`,"_attachments":{"a.txt":{"content_type":"text/plain","data":%q}}`, att)
+		}
+		out[b] = json.RawMessage(fmt.Sprintf(
+			`{"_id":"doc-%06d","_rev":"2-%031x%d","_revisions":{"start":2,"ids":["%031x%d","%032x"]},"n":%d,"branch":%d%s}`,
+			i, i, b, i, b, i, i, b, attachment))
+	}
+	return out
+}
+
+func main() {
+	only := flag.String("only", "", "run only this workload")
+	withPouch = flag.Bool("pouchdb", true, "measure PouchDB too")
+	rounds = flag.Int("rounds", 3, "measurements of each contender; the median counts")
+	extra = flag.String("options", "", `more replication options, as JSON fields: ,"worker_processes":1`)
+	flag.Parse()
+	log.SetFlags(0)
+	workloads := []workload{
+		{"10,000 small docs", small, 10_000},
+		{"100,000 small docs", small, 100_000},
+		{"1,000 docs × 3 conflicting revisions + attachment", conflicted, 1_000},
+	}
+	dir, err := os.MkdirTemp("", "benchrep")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	pouch, err := couchtest.InstallPackage("pouchdb", PouchDBVersion)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("%-50s %12s %12s %12s %9s %9s\n", "workload", "couchjobs", "PouchDB", "_bulk_docs", "vs Pouch", "vs ceil")
+	for _, w := range workloads {
+		if *only != "" && *only != w.name {
+			continue
+		}
+		// A server per workload, so that one's garbage does not slow the
+		// next.
+		s, err := couchtest.Launch(filepath.Join(dir, fmt.Sprint(len(w.name))))
+		if err != nil {
+			log.Fatal(err)
+		}
+		c, err := couch.New(s.AdminURL(), couch.Options{})
+		if err != nil {
+			log.Fatal(err)
+		}
+		revs := 0
+		var all []json.RawMessage
+		for i := range w.n {
+			d := w.docs(i)
+			all = append(all, d...)
+			revs += len(d)
+		}
+		must(c.CreateDB(ctx, "source", 0))
+		ingest(c, "source", all, 4)
+		// Each contender runs rounds times, in a rotating order, into a
+		// fresh database deleted afterwards; the median counts. The
+		// ceiling is the faster of one writer and worker_processes (4)
+		// writers: pouchdb-server serves one request at a time.
+		contenders := []func(db string){
+			func(db string) { must(c.CreateDB(ctx, db, 0)); ingest(c, db, all, 1) },
+			func(db string) { must(c.CreateDB(ctx, db, 0)); ingest(c, db, all, 4) },
+			func(db string) { replicate(s, "source", db) },
+			func(db string) { pouchReplicate(pouch, s, "source", db) },
+		}
+		if !*withPouch {
+			contenders = contenders[:3]
+		}
+		rates := make([][]float64, len(contenders))
+		for round := range *rounds {
+			for k := range contenders {
+				i := (k + round) % len(contenders)
+				db := fmt.Sprint("target-", i, "-", round)
+				rates[i] = append(rates[i], measure(revs, func() { contenders[i](db) }))
+				check(c, db, revs)
+				must(c.DeleteDB(ctx, db))
+			}
+		}
+		ceil := max(median(rates[0]), median(rates[1]))
+		ours, peer := median(rates[2]), 0.0
+		if *withPouch {
+			peer = median(rates[3])
+		}
+		fmt.Printf("%-50s %10.0f/s %10.0f/s %10.0f/s %8.2f× %8.0f%%\n", w.name, ours, peer, ceil, ours/peer, 100*ours/ceil)
+		s.Stop()
+	}
+}
+
+// measure returns revisions per second of fn.
+func measure(revs int, fn func()) float64 {
+	start := time.Now()
+	fn()
+	return float64(revs) / time.Since(start).Seconds()
+}
+
+// ingest writes revisions with new_edits=false in batches of 500.
+func ingest(c *couch.Client, db string, docs []json.RawMessage, writers int) {
+	batches := make(chan []json.RawMessage)
+	var wg sync.WaitGroup
+	for range writers {
+		wg.Go(func() {
+			for b := range batches {
+				bad, err := c.BulkDocs(ctx, db, b, false)
+				if err != nil || len(bad) > 0 {
+					log.Fatalf("ingest: %v %v", bad, err)
+				}
+			}
+		})
+	}
+	for i := 0; i < len(docs); i += 500 {
+		batches <- docs[i:min(i+500, len(docs))]
+	}
+	close(batches)
+	wg.Wait()
+}
+
+func replicate(s *couchtest.Server, src, tgt string) {
+	spec, err := replication.Parse(fmt.Appendf(nil, `{"source":%q,"target":%q,"create_target":true%s}`, s.AdminURL()+"/"+src, s.AdminURL()+"/"+tgt, *extra))
+	must(err)
+	_, err = (&replication.Replication{Spec: spec}).Run(ctx)
+	must(err)
+}
+
+const pouchScript = `
+const PouchDB = require(process.argv[1] + '/node_modules/pouchdb');
+PouchDB.replicate(process.argv[2], process.argv[3])
+  .on('complete', info => { if (!info.ok) { console.error(JSON.stringify(info)); process.exit(1); } })
+  .on('error', err => { console.error(err); process.exit(1); });
+`
+
+func pouchReplicate(dir string, s *couchtest.Server, src, tgt string) {
+	c, _ := couch.New(s.AdminURL(), couch.Options{})
+	must(c.CreateDB(ctx, tgt, 0))
+	cmd := exec.Command("node", "-e", pouchScript, dir, s.AdminURL()+"/"+src, s.AdminURL()+"/"+tgt)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		log.Fatalf("PouchDB.replicate: %v\n%s", err, out)
+	}
+}
+
+// check counts the target's leaf revisions.
+func check(c *couch.Client, db string, want int) {
+	n := 0
+	_, err := c.Feed(ctx, db, couch.FeedOptions{AllRevs: true}, func(ch couch.Change) error {
+		n += len(ch.Changes)
+		return nil
+	})
+	must(err)
+	if n != want {
+		log.Fatalf("%s has %d leaf revisions, want %d", db, n, want)
+	}
+}
+
+func must(err error) {
+	if err != nil {
+		log.Fatal(err)
+	}
+}
