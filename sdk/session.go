@@ -317,7 +317,12 @@ func (r *run) end(err error) {
 	default:
 		e.Outcome, e.Reason = pluginv1.End_CRASHED, err.Error()
 	}
-	if e.Outcome == pluginv1.End_CRASHED {
+	switch {
+	case e.Outcome != pluginv1.End_CRASHED:
+	case stopped && (reason == StopCancel || reason == StopLost):
+		// Not a crash: the job went away; the host writes nothing.
+		r.log.Debug("run stopped", "reason", reason)
+	default:
 		r.log.Error("job crashed", "error", e.Reason)
 	}
 	// The session context, not the run's: the end must go out even when

@@ -23,14 +23,12 @@ type Endpoint struct {
 // Redacted is the endpoint as CouchDB shows it: the user with the password
 // starred out, no headers.
 func (e Endpoint) Redacted() string {
-	u, err := url.Parse(e.URL)
-	if err != nil {
-		return e.URL
-	}
+	s := e.URL
 	if e.User != "" {
-		u.User = url.UserPassword(e.User, "*****")
+		if scheme, rest, ok := strings.Cut(s, "://"); ok {
+			s = scheme + "://" + url.PathEscape(e.User) + ":*****@" + rest
+		}
 	}
-	s := u.String()
 	if !strings.HasSuffix(s, "/") {
 		s += "/"
 	}

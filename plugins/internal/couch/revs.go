@@ -60,6 +60,9 @@ var ErrUnsupported = errors.New("couch: endpoint not supported")
 // (revs=true), following each to its latest descendant (latest=true), and
 // with attachments inline if attachments is set.
 func (c *Client) BulkGet(ctx context.Context, db string, docs []DocRev, attachments bool) ([]Revision, error) {
+	if len(docs) == 0 {
+		return nil, nil
+	}
 	q := url.Values{"revs": {"true"}, "latest": {"true"}}
 	if attachments {
 		q.Set("attachments", "true")

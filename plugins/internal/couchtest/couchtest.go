@@ -127,11 +127,31 @@ func Launch(dir string) (*Server, error) {
 		s.Stop()
 		return nil, err
 	}
-	if err := s.request("PUT", "/_config/admins/"+Admin, `"`+Password+`"`, false); err != nil {
+	if err := s.configure(); err != nil {
 		s.Stop()
-		return nil, fmt.Errorf("create the admin: %w", err)
+		return nil, err
 	}
 	return s, nil
+}
+
+// configure creates the admin account and turns pouchdb-server's own
+// replicator away from _replicator (to a database of its own, which it
+// creates): otherwise it runs the replications written there itself and
+// rejects documents it cannot parse, as CouchDB's replicator does. Tests
+// that need _replicator create it (or let the plugin under test do so).
+func (s *Server) configure() error {
+	if err := s.request("PUT", "/_config/admins/"+Admin, `"`+Password+`"`, false); err != nil {
+		return fmt.Errorf("create the admin: %w", err)
+	}
+	if err := s.request("PUT", "/_config/replicator/db", `"pouchdb-server-replicator"`, true); err != nil {
+		return fmt.Errorf("move pouchdb-server's replicator: %w", err)
+	}
+	// The _replicator it made at start keeps its validation until it is
+	// made again.
+	if err := s.request("DELETE", "/_replicator", "", true); err != nil {
+		return fmt.Errorf("drop pouchdb-server's _replicator: %w", err)
+	}
+	return nil
 }
 
 // Restart stops the server (if it runs) and starts it again on the same port: an
@@ -147,7 +167,7 @@ func (s *Server) Restart() error {
 	if err := s.waitUp(ctx); err != nil {
 		return err
 	}
-	return s.request("PUT", "/_config/admins/"+Admin, `"`+Password+`"`, false)
+	return s.configure()
 }
 
 func (s *Server) start() error {
