@@ -12,7 +12,7 @@ BENCHTIME ?= 2s
 PROTOC_GEN_GO      := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
 
-.PHONY: all build build-fdb plugins run test test-race test-slow test-fdb check-fdb bench bench-thesis bench-fairness fuzz lint proto clean
+.PHONY: all build build-fdb plugins run test test-race test-slow test-fdb check-fdb bench bench-thesis bench-fairness bench-replication fuzz lint proto clean
 
 all: lint test
 
@@ -23,6 +23,7 @@ build:
 plugins:
 	$(GO) build -o $(BIN)/plugins/couchjobs-shell ./plugins/shell/cmd/couchjobs-shell
 	$(GO) build -o $(BIN)/plugins/couchjobs-peruser ./plugins/peruser/cmd/couchjobs-peruser
+	$(GO) build -o $(BIN)/plugins/couchjobs-replication ./plugins/replication/cmd/couchjobs-replication
 	$(GO) build -o $(BIN)/plugins/couchjobs-wordcount ./examples/wordcount
 
 # The FoundationDB backend needs cgo and libfdb_c (docs/FOUNDATIONDB.md).
@@ -43,9 +44,10 @@ test-race:
 # Slow suites: the race detector over everything, a short fuzzing pass over
 # every decoder, the conformance suite on the second SQLite driver, the
 # full 10,000-job, three-process test of the job layer, and host processes
-# killed with SIGKILL (the shell plugin's on_lost policies among them).
+# killed with SIGKILL (the shell plugin's on_lost policies among them, and
+# replications resuming from their checkpoints).
 test-slow: test-race fuzz
-	$(GO) test -count=1 -run 'Modernc|ManyProcesses|KilledHost|KilledNode' ./runtime/kv/sqlitekv ./runtime/jobs ./host/cmd/couchjobs ./plugins/shell ./plugins/peruser
+	$(GO) test -count=1 -run 'Modernc|ManyProcesses|KilledHost|KilledNode' ./runtime/kv/sqlitekv ./runtime/jobs ./host/cmd/couchjobs ./plugins/shell ./plugins/peruser ./plugins/replication
 
 # The conformance suite and tuple compatibility against a real cluster.
 test-fdb:
@@ -72,6 +74,14 @@ bench-thesis:
 bench-fairness:
 	$(GO) run ./plugins/internal/benchfair
 
+# The replicator against PouchDB's and the _bulk_docs ceiling on a local
+# pouchdb-server (docs/BENCHMARKS.md); about 15 minutes, most of it
+# PouchDB's. BENCH_REPLICATION_FLAGS="-rounds 1 -only '10,000 small docs'"
+# for a quick look.
+BENCH_REPLICATION_FLAGS ?=
+bench-replication:
+	$(GO) run ./plugins/replication/internal/benchrep $(BENCH_REPLICATION_FLAGS)
+
 FUZZTIME ?= 15s
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzUnpack -fuzztime $(FUZZTIME) ./runtime/tuple
@@ -79,6 +89,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecodeRecord -fuzztime $(FUZZTIME) ./runtime/jobs
 	$(GO) test -run '^$$' -fuzz FuzzParseDoc -fuzztime $(FUZZTIME) ./plugins/shell
 	$(GO) test -run '^$$' -fuzz FuzzSecurity -fuzztime $(FUZZTIME) ./plugins/peruser
+	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./plugins/replication
+	$(GO) test -run '^$$' -fuzz FuzzFeeds -fuzztime $(FUZZTIME) ./plugins/internal/couch
+	$(GO) test -run '^$$' -fuzz FuzzOpenRevsMultipart -fuzztime $(FUZZTIME) ./plugins/internal/couch
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

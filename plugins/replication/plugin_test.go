@@ -275,3 +275,44 @@ func TestPersistent(t *testing.T) {
 	}
 	_ = couch.ErrNotFound
 }
+
+// TestTargetDown: a persistent replication whose target server is down
+// crashes, backs off (showing as crashing, with its error), and
+// completes once the target is back.
+func TestTargetDown(t *testing.T) {
+	t.Parallel()
+	s, down := couchtest.Start(t), couchtest.Start(t)
+	c := admin(t, s)
+	for _, db := range []string{"src", "_replicator"} {
+		if err := c.CreateDB(bg, db, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill(t, c, "src", "d", 30)
+	down.Stop()
+	n := startNode(t, s)
+	doc := fmt.Sprintf(`{"source":%q,"target":%q,"create_target":true,"retries_per_request":1,"connection_timeout":2000}`, dbURL(s, "src"), dbURL(down, "tgt"))
+	if _, err := c.Put(bg, "_replicator", "r", json.RawMessage(doc)); err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		State      string `json:"state"`
+		ErrorCount int    `json:"error_count"`
+		Info       struct{ Error string }
+	}
+	eventually(t, "crashing", func() bool {
+		n.call("GET", "/_scheduler/docs/_replicator/r", "", true, &v)
+		return v.State == "crashing" && v.ErrorCount >= 2
+	})
+	if !strings.Contains(v.Info.Error, "connection refused") {
+		t.Errorf("crashing without the reason: %+v", v)
+	}
+	if err := down.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "completion", func() bool {
+		n.call("GET", "/_scheduler/docs/_replicator/r", "", true, &v)
+		return v.State == "completed"
+	})
+	same(t, c, admin(t, down), "src", "tgt")
+}

@@ -275,11 +275,17 @@ func (r *Replication) loop(ctx context.Context) (*Result, error) {
 		case <-progress.C:
 			if time.Since(lastCP) >= o.checkpointInterval() {
 				if err := r.checkpoint(ctx, safe); err != nil {
+					if ctx.Err() != nil {
+						err = context.Cause(ctx) // stopped mid-write
+					}
 					return r.stop(ctx, safe, err)
 				}
 				lastCP = time.Now()
 			}
 			if err := r.report(ctx); err != nil {
+				if ctx.Err() != nil {
+					err = context.Cause(ctx)
+				}
 				return r.stop(ctx, safe, err)
 			}
 		case <-ctx.Done():

@@ -140,7 +140,9 @@ func Launch(dir string) (*Server, error) {
 // rejects documents it cannot parse, as CouchDB's replicator does. Tests
 // that need _replicator create it (or let the plugin under test do so).
 func (s *Server) configure() error {
-	if err := s.request("PUT", "/_config/admins/"+Admin, `"`+Password+`"`, false); err != nil {
+	// After a restart, config.json has the admin already.
+	if err := s.request("PUT", "/_config/admins/"+Admin, `"`+Password+`"`, false); err != nil &&
+		s.request("GET", "/_config/admins", "", true) != nil {
 		return fmt.Errorf("create the admin: %w", err)
 	}
 	if err := s.request("PUT", "/_config/replicator/db", `"pouchdb-server-replicator"`, true); err != nil {
