@@ -2,8 +2,6 @@ package peruser
 
 import (
 	"fmt"
-	"net/url"
-	"regexp"
 	"time"
 
 	"github.com/couchjobs/couchjobs/plugins/internal/couch"
@@ -35,20 +33,11 @@ type Config struct {
 	reconcile, feedTimeout time.Duration
 }
 
-// Server is one CouchDB server.
+// Server is one CouchDB server, with admin credentials.
 type Server struct {
-	// Name names the server's watcher job; letters, digits, '.', '_', '-'.
-	Name string `json:"name"`
-	// URL is the server's base URL.
-	URL string `json:"url"`
-	// User and Password are admin credentials, if not in the URL.
-	User     string `json:"user"`
-	Password string `json:"password"`
-
+	couch.ServerConfig
 	client *couch.Client
 }
-
-var serverName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 
 // configure decodes and checks the table; errors name the key.
 func configure(c *sdk.Config) (*Config, error) {
@@ -85,27 +74,16 @@ func configure(c *sdk.Config) (*Config, error) {
 	if len(cfg.Servers) == 0 {
 		bad("servers", "no server: add [[plugins.peruser.config.servers]] with a name and a url")
 	}
-	seen := map[string]bool{}
+	configs := make([]couch.ServerConfig, len(cfg.Servers))
+	for i, sv := range cfg.Servers {
+		configs[i] = sv.ServerConfig
+	}
+	clients, problems := couch.Connect(configs, couch.Options{})
+	for _, p := range problems {
+		bad(p.Key, "%s", p.Message)
+	}
 	for i := range cfg.Servers {
-		s := &cfg.Servers[i]
-		key := fmt.Sprintf("servers.%d", i)
-		if !serverName.MatchString(s.Name) {
-			bad(key+".name", "%q: use 1 to 63 letters, digits, '.', '_' or '-'", s.Name)
-		} else if seen[s.Name] {
-			bad(key+".name", "%q is used twice", s.Name)
-		}
-		seen[s.Name] = true
-		cl, err := couch.New(s.URL, couch.Options{})
-		if err != nil {
-			bad(key+".url", "%v", err)
-			continue
-		}
-		if s.User != "" {
-			cl = cl.WithBasicAuth(s.User, s.Password)
-		} else if u, _ := url.Parse(s.URL); u.User == nil {
-			bad(key, "no admin credentials: put them in the url or set user and password")
-		}
-		s.client = cl
+		cfg.Servers[i].client = clients[cfg.Servers[i].Name]
 	}
 	if len(errs) > 0 {
 		return nil, errs
