@@ -31,7 +31,7 @@ func TestKilledNodeFailover(t *testing.T) {
 	if err := cluster.Build(ctx, bin, cluster.Plugin{Name: "peruser", Package: "github.com/couchjobs/couchjobs/plugins/peruser/cmd/couchjobs-peruser"}); err != nil {
 		t.Fatal(err)
 	}
-	cl, err := cluster.New(dir, cluster.Options{Bin: bin, Plugin: "peruser", ActivityTimeout: time.Second, Log: testLog{t},
+	cl, err := cluster.New(dir, cluster.Options{Bin: bin, Plugin: "peruser", ActivityTimeout: time.Second, Log: cluster.TestLog(t),
 		Config: fmt.Sprintf("feed_timeout = \"2s\"\n[[plugins.peruser.config.servers]]\nname = \"local\"\nurl = %q\n", srv.AdminURL())})
 	if err != nil {
 		t.Fatal(err)
@@ -103,11 +103,4 @@ func TestKilledNodeFailover(t *testing.T) {
 	if raw, _ := c.Security(ctx, foreign); !strings.Contains(string(raw), `"not ours"`) || strings.Contains(string(raw), "user-") {
 		t.Fatalf("the foreign database's _security changed: %s", raw)
 	}
-}
-
-type testLog struct{ t *testing.T }
-
-func (l testLog) Write(b []byte) (int, error) {
-	l.t.Logf("%s", strings.TrimRight(string(b), "\n"))
-	return len(b), nil
 }

@@ -31,7 +31,7 @@ func TestKilledNodeFailover(t *testing.T) {
 	if err := cluster.Build(ctx, bin, cluster.Plugin{Name: "replication", Package: "github.com/couchjobs/couchjobs/plugins/replication/cmd/couchjobs-replication"}); err != nil {
 		t.Fatal(err)
 	}
-	cl, err := cluster.New(dir, cluster.Options{Bin: bin, Plugin: "replication", ActivityTimeout: time.Second, Log: testLog{t},
+	cl, err := cluster.New(dir, cluster.Options{Bin: bin, Plugin: "replication", ActivityTimeout: time.Second, Log: cluster.TestLog(t),
 		Config: fmt.Sprintf("scan_interval = \"200ms\"\n[[plugins.replication.config.servers]]\nname = \"local\"\nurl = %q\n", srv.AdminURL())})
 	if err != nil {
 		t.Fatal(err)
@@ -119,11 +119,4 @@ func TestKilledNodeFailover(t *testing.T) {
 			t.Errorf("session %s started from the beginning", h.SessionID)
 		}
 	}
-}
-
-type testLog struct{ t *testing.T }
-
-func (l testLog) Write(b []byte) (int, error) {
-	l.t.Logf("%s", strings.TrimRight(string(b), "\n"))
-	return len(b), nil
 }

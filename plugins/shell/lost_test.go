@@ -30,7 +30,7 @@ func TestKilledNodeOnLost(t *testing.T) {
 	if err := cluster.Build(ctx, filepath.Join(dir, "bin"), shelltest.Plugin); err != nil {
 		t.Fatal(err)
 	}
-	c, err := cluster.New(dir, cluster.Options{Bin: filepath.Join(dir, "bin"), Plugin: "shell", Workers: 3, ActivityTimeout: time.Second, Log: testLog{t}})
+	c, err := cluster.New(dir, cluster.Options{Bin: filepath.Join(dir, "bin"), Plugin: "shell", Workers: 3, ActivityTimeout: time.Second, Log: cluster.TestLog(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,13 +92,6 @@ func TestKilledNodeOnLost(t *testing.T) {
 	if out, _ := output("pgrep", "-f", "sleep 61"); strings.TrimSpace(out) != "" {
 		t.Errorf("commands of the killed node still run: %s", out)
 	}
-}
-
-type testLog struct{ t *testing.T }
-
-func (l testLog) Write(b []byte) (int, error) {
-	l.t.Logf("%s", strings.TrimRight(string(b), "\n"))
-	return len(b), nil
 }
 
 func output(name string, args ...string) (string, error) {

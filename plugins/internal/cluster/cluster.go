@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/couchjobs/couchjobs/runtime/jobs"
@@ -278,4 +279,14 @@ func (c *Cluster) Close() error {
 		return errors.New(strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// TestLog is an Options.Log that writes the nodes' output to a test's log.
+func TestLog(t testing.TB) io.Writer { return testLog{t} }
+
+type testLog struct{ t testing.TB }
+
+func (l testLog) Write(b []byte) (int, error) {
+	l.t.Logf("%s", strings.TrimRight(string(b), "\n"))
+	return len(b), nil
 }
