@@ -121,12 +121,38 @@ func (p *plugin) postReplicate(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "bad_request", err.Error())
 		return
 	}
-	p.await(w, r, id, spec.Options.Continuous)
+	if spec.Options.Continuous {
+		p.started(w, r, id, spec)
+		return
+	}
+	p.await(w, r, id)
 }
 
-// await answers a _replicate request: a continuous replication once it
-// runs (with its replication id), a one-shot one when it ends.
-func (p *plugin) await(w http.ResponseWriter, r *http.Request, id string, continuous bool) {
+// started answers a continuous _replicate request once its job is stored,
+// as CouchDB does, with the replication id (for a filtered replication,
+// that needs the filter's code from the source).
+func (p *plugin) started(w http.ResponseWriter, r *http.Request, id string, spec *Spec) {
+	out := map[string]any{"ok": true, "job_id": id}
+	code := ""
+	if spec.Options.Filter != "" {
+		ctx, cancel := context.WithTimeout(r.Context(), spec.Options.connectionTimeout())
+		defer cancel()
+		c, db, err := newClient(spec.Source, spec.Options)
+		if err == nil {
+			code, err = filterCode(ctx, c, db, spec.Options.Filter)
+		}
+		if err != nil {
+			// The job reports the problem as it runs.
+			writeJSON(w, http.StatusAccepted, out)
+			return
+		}
+	}
+	out["_local_id"] = ReplicationID(spec, code)
+	writeJSON(w, http.StatusAccepted, out)
+}
+
+// await answers a one-shot _replicate request when its replication ends.
+func (p *plugin) await(w http.ResponseWriter, r *http.Request, id string) {
 	ctx := r.Context()
 	var answered bool
 	err := p.host.Subscribe(ctx, TypeReplication, id, func(info sdk.JobInfo) error {
@@ -146,8 +172,6 @@ func (p *plugin) await(w http.ResponseWriter, r *http.Request, id string, contin
 			writeJSON(w, http.StatusOK, d.Result)
 		case st == StateCompleted:
 			writeJSON(w, http.StatusOK, map[string]any{"ok": true})
-		case continuous && d.RepID != "":
-			writeJSON(w, http.StatusAccepted, map[string]any{"ok": true, "_local_id": d.RepID})
 		default:
 			return nil
 		}

@@ -24,9 +24,12 @@ type node struct {
 	api *httptest.Server
 }
 
-func startNode(t *testing.T, s *couchtest.Server) *node {
+func startNode(t *testing.T, s *couchtest.Server, extra ...string) *node {
 	t.Helper()
 	cfg := map[string]any{"scan_interval": "100ms"}
+	for i := 0; i+1 < len(extra); i += 2 {
+		cfg[extra[i]] = extra[i+1]
+	}
 	if s != nil {
 		cfg["servers"] = []map[string]any{{"name": "local", "url": s.AdminURL()}}
 	}
@@ -100,7 +103,10 @@ func TestTransient(t *testing.T) {
 	if status != 202 || !strings.HasSuffix(started.LocalID, "+continuous+create_target") {
 		t.Fatalf("continuous: %d %s", status, body)
 	}
-	eventually(t, "the first documents", func() bool { return len(leaves(t, c, "live")) == 51 })
+	eventually(t, "the first documents", func() bool {
+		ok, _ := c.DBExists(bg, "live")
+		return ok && len(leaves(t, c, "live")) == 51
+	})
 	at := time.Now()
 	if _, err := c.Put(bg, "src", "late", map[string]any{"x": 1}); err != nil {
 		t.Fatal(err)
@@ -216,7 +222,10 @@ func TestPersistent(t *testing.T) {
 		}
 	}
 	same(t, c, c, "src", "once")
-	eventually(t, "the continuous one", func() bool { return len(leaves(t, c, "live")) == 20 })
+	eventually(t, "the continuous one", func() bool {
+		ok, _ := c.DBExists(bg, "live")
+		return ok && len(leaves(t, c, "live")) == 20
+	})
 
 	var sd struct {
 		Docs []struct {
@@ -315,4 +324,66 @@ func TestTargetDown(t *testing.T) {
 		return v.State == "completed"
 	})
 	same(t, c, admin(t, down), "src", "tgt")
+}
+
+// TestTransientLifetime: a transient job is kept transient_ttl after it
+// ends, in its user's share group, then removed; a transient replication
+// that collides with a persistent one goes crashing and retries.
+func TestTransientLifetime(t *testing.T) {
+	t.Parallel()
+	s := couchtest.Start(t)
+	c := admin(t, s)
+	for _, db := range []string{"src", "_replicator"} {
+		if err := c.CreateDB(bg, db, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fill(t, c, "src", "d", 5)
+	n := startNode(t, s, "transient_ttl", "1s")
+	body := fmt.Sprintf(`{"source":%q,"target":%q,"create_target":true}`, dbURL(s, "src"), dbURL(s, "once"))
+	if status, b := n.call("POST", "/_replicate", body, false, nil); status != 200 {
+		t.Fatalf("%d %s", status, b)
+	}
+	var list struct {
+		Jobs []struct{ ID, Group, State string }
+	}
+	n.call("GET", "/jobs/replication", "", false, &list)
+	if len(list.Jobs) != 1 || list.Jobs[0].Group != "alice" || list.Jobs[0].State != "finished" {
+		t.Fatalf("after the run: %+v", list)
+	}
+	eventually(t, "the job to expire", func() bool {
+		list.Jobs = nil
+		n.call("GET", "/jobs/replication", "", false, &list)
+		return len(list.Jobs) == 0
+	})
+
+	// Collision: the persistent replication runs; the same one posted
+	// goes crashing, its reason naming the other job.
+	live := fmt.Sprintf(`{"source":%q,"target":%q,"create_target":true,"continuous":true}`, dbURL(s, "src"), dbURL(s, "live"))
+	if _, err := c.Put(bg, "_replicator", "live", json.RawMessage(live)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the persistent one to run", func() bool {
+		var v struct{ State string }
+		n.call("GET", "/_scheduler/docs/_replicator/live", "", true, &v)
+		return v.State == "running"
+	})
+	var started struct {
+		JobID string `json:"job_id"`
+	}
+	if status, b := n.call("POST", "/_replicate", live, false, &started); status != 202 {
+		t.Fatalf("%d %s", status, b)
+	}
+	eventually(t, "crashing", func() bool {
+		var j struct {
+			Data struct {
+				Meta struct {
+					Crashes int
+					Reason  string
+				} `json:"_couchjobs"`
+			}
+		}
+		n.call("GET", "/jobs/replication/"+started.JobID, "", false, &j)
+		return j.Data.Meta.Crashes >= 2 && strings.Contains(j.Data.Meta.Reason, "collides with persistent job doc:local:_replicator:live")
+	})
 }

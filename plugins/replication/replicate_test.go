@@ -3,8 +3,13 @@ package replication_test
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/couchjobs/couchjobs/plugins/internal/couchtest"
@@ -166,5 +171,82 @@ func TestReplicationID(t *testing.T) {
 	c := id(`{"source":"http://h/a","target":"http://h/b","continuous":true,"create_target":true}`, "")
 	if !strings.HasSuffix(c, "+continuous+create_target") || len(c) != 32+len("+continuous+create_target") {
 		t.Errorf("extensions: %s", c)
+	}
+}
+
+// TestOptions: winning_revs_only, since_seq and use_checkpoints, and a
+// source without _bulk_get (behind a proxy that refuses it), which the
+// replicator reads with open_revs instead.
+func TestOptions(t *testing.T) {
+	t.Parallel()
+	s := couchtest.Start(t)
+	c := admin(t, s)
+	if err := c.CreateDB(bg, "src", 0); err != nil {
+		t.Fatal(err)
+	}
+	fill(t, c, "src", "d", 10)
+	conflicted(t, c, "src", "conflict")
+	info, err := c.DBInfo(bg, "src")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fill(t, c, "src", "late", 5)
+
+	var openRevs, bulkGets atomic.Int64
+	target, _ := url.Parse(s.URL)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	old := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/_bulk_get") {
+			bulkGets.Add(1)
+			http.Error(w, `{"error":"method_not_allowed","reason":"Only GET,HEAD,PUT allowed"}`, http.StatusMethodNotAllowed)
+			return
+		}
+		if r.URL.Query().Has("open_revs") {
+			openRevs.Add(1)
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	defer old.Close()
+	oldURL := strings.Replace(old.URL, "http://", "http://"+couchtest.Admin+":"+couchtest.Password+"@", 1) + "/src"
+
+	src := dbURL(s, "src")
+	cases := []struct {
+		name, doc string
+		check     func(leaves map[string]map[string]any, st replication.Stats)
+	}{
+		{"winning_revs_only", fmt.Sprintf(`{"source":%q,"target":%q,"create_target":true,"winning_revs_only":true}`, src, dbURL(s, "winning")),
+			func(l map[string]map[string]any, _ replication.Stats) {
+				if len(l["conflict"]) != 1 || len(l) != 16 {
+					t.Errorf("winning_revs_only: %d documents, conflict has %d leaves", len(l), len(l["conflict"]))
+				}
+			}},
+		{"since_seq", fmt.Sprintf(`{"source":%q,"target":%q,"create_target":true,"since_seq":%s}`, src, dbURL(s, "since"), info.UpdateSeq),
+			func(l map[string]map[string]any, _ replication.Stats) {
+				if len(l) != 5 || l["late-00000"] == nil {
+					t.Errorf("since_seq: %v", sortedKeys(l))
+				}
+			}},
+		{"no checkpoints", fmt.Sprintf(`{"source":%q,"target":%q,"create_target":true,"use_checkpoints":false}`, src, dbURL(s, "nocp")),
+			func(l map[string]map[string]any, _ replication.Stats) {
+				if len(l) != 16 {
+					t.Errorf("no checkpoints: %d documents", len(l))
+				}
+			}},
+		{"no _bulk_get", fmt.Sprintf(`{"source":%q,"target":%q,"create_target":true}`, oldURL, dbURL(s, "old")),
+			func(l map[string]map[string]any, st replication.Stats) {
+				if bulkGets.Load() != 1 || openRevs.Load() == 0 {
+					t.Errorf("_bulk_get tried %d times, open_revs %d", bulkGets.Load(), openRevs.Load())
+				}
+				same(t, c, c, "src", "old")
+			}},
+	}
+	for _, tc := range cases {
+		res, st := run(t, tc.doc)
+		if (tc.name == "no checkpoints") != (len(res.History) == 0) {
+			t.Errorf("%s: checkpoint history %+v", tc.name, res.History)
+		}
+		tgt := tc.doc[strings.LastIndex(tc.doc, "/")+1:]
+		tgt = tgt[:strings.IndexByte(tgt, '"')]
+		tc.check(leaves(t, c, tgt), st)
 	}
 }
