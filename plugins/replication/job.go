@@ -262,7 +262,7 @@ func (p *plugin) fail(ctx context.Context, job *sdk.Job, d *Data, reason error) 
 	}
 	p.log.Warn("replication failed", "type", job.Type, "id", job.ID, "reason", reason)
 	if err := job.SetResult(d); err != nil {
-		return sdk.Fail(reason)
+		p.log.Warn("cannot record the failure in the job data", "type", job.Type, "id", job.ID, "error", err)
 	}
 	return sdk.Fail(reason)
 }

@@ -72,8 +72,13 @@ type Replication struct {
 	srcCP, tgtCP   *Checkpoint
 	bulkGetOff     atomic.Bool
 	// fresh: the target was empty when the session began, so every
-	// revision is missing from it (see work).
-	fresh bool
+	// revision is missing from it (see work); a continuous session
+	// drops it once past srcEnd.
+	fresh atomic.Bool
+	// srcEnd is the source's update sequence at the start, as a number
+	// (if its sequences have one).
+	srcEnd   int64
+	srcEndOK bool
 
 	mu           sync.Mutex
 	sourceSeq    json.RawMessage // the newest change read
@@ -140,20 +145,22 @@ func (r *Replication) Run(ctx context.Context) (*Result, error) {
 // prepare checks both databases (creating the target if asked to),
 // computes the replication id and finds the checkpoint to resume from.
 func (r *Replication) prepare(ctx context.Context) error {
-	if _, err := r.src.DBInfo(ctx, r.srcDB); err != nil {
+	srcInfo, err := r.src.DBInfo(ctx, r.srcDB)
+	if err != nil {
 		if errors.Is(err, couch.ErrNotFound) {
 			return fmt.Errorf("the source database %s does not exist", r.Spec.Source.Redacted())
 		}
 		return fmt.Errorf("source %s: %w", r.Spec.Source.Redacted(), err)
 	}
+	r.srcEnd, r.srcEndOK = seqNumber(srcInfo.UpdateSeq)
 	info, err := r.tgt.DBInfo(ctx, r.tgtDB)
 	if err != nil && !errors.Is(err, couch.ErrNotFound) {
 		return fmt.Errorf("target %s: %w", r.Spec.Target.Redacted(), err)
 	}
 	seq, _ := seqNumber(info.UpdateSeq)
-	r.fresh = err == nil && info.DocCount == 0 && info.DocDelCount == 0 && seq == 0
+	r.fresh.Store(err == nil && info.DocCount == 0 && info.DocDelCount == 0 && seq == 0)
 	if errors.Is(err, couch.ErrNotFound) {
-		r.fresh = true
+		r.fresh.Store(true)
 		if !r.Spec.Options.CreateTarget {
 			return fmt.Errorf("the target database %s does not exist (set create_target to create it)", r.Spec.Target.Redacted())
 		}
@@ -243,7 +250,7 @@ func (r *Replication) loop(ctx context.Context) (*Result, error) {
 	if every <= 0 {
 		every = 5 * time.Second
 	}
-	every = min(every, o.checkpointInterval())
+	every = max(min(every, o.checkpointInterval()), 100*time.Millisecond)
 	progress := time.NewTicker(every)
 	defer progress.Stop()
 	lastCP := time.Now()
@@ -315,7 +322,7 @@ func (r *Replication) read(ctx context.Context, out chan<- couch.Change) (json.R
 	o := r.Spec.Options
 	fo := couch.FeedOptions{
 		Since: r.startSeq, Continuous: o.Continuous, AllRevs: !o.WinningRevsOnly,
-		IncludeDocs: r.fresh,
+		IncludeDocs: r.fresh.Load(),
 		Filter:      o.Filter, Params: o.QueryParams, DocIDs: o.DocIDs, Selector: o.Selector,
 		IdleTimeout: max(o.connectionTimeout(), 30*time.Second),
 	}
@@ -366,6 +373,15 @@ func (r *Replication) cut(ctx context.Context, in <-chan couch.Change, out chan<
 		n++
 		b.lastSeq = b.changes[len(b.changes)-1].Seq
 		r.setSourceSeq(b.lastSeq)
+		if r.fresh.Load() && r.Spec.Options.Continuous {
+			// Past the source's end at the start, changes are new ones,
+			// which the target may have from elsewhere (a replication
+			// the other way): they go through _revs_diff.
+			if at, ok := seqNumber(b.lastSeq); !ok || !r.srcEndOK || at >= r.srcEnd {
+				r.fresh.Store(false)
+				r.Log.Debug("caught up with the source; changes go through _revs_diff", "seq", string(b.lastSeq))
+			}
+		}
 		select {
 		case out <- b:
 			return true
@@ -415,8 +431,9 @@ func (r *Replication) work(ctx context.Context, b *batch) error {
 	revs := make(map[string][]string, len(b.changes))
 	checked := 0
 	var docs []json.RawMessage
+	fresh := r.fresh.Load()
 	for _, ch := range b.changes {
-		if r.fresh {
+		if fresh {
 			if doc, ok := firstGeneration(ch); ok {
 				docs = append(docs, doc)
 				checked++
@@ -434,7 +451,7 @@ func (r *Replication) work(ctx context.Context, b *batch) error {
 	}
 	if len(revs) > 0 {
 		var diff map[string]couch.RevsDiff
-		if r.fresh {
+		if fresh {
 			diff = make(map[string]couch.RevsDiff, len(revs))
 			for id, rs := range revs {
 				diff[id] = couch.RevsDiff{Missing: rs}

@@ -209,9 +209,11 @@ func (p *plugin) expire(ctx context.Context) error {
 // eachJob calls fn for the jobs of a type whose ids start with prefix,
 // in state ("" for any).
 func (p *plugin) eachJob(ctx context.Context, typ, prefix, state string, fn func(sdk.JobInfo) error) error {
+	// Start just before the prefix: ListJobs lists ids after "after",
+	// and the prefixes here end in an ASCII byte above 0x00.
 	after := ""
 	if prefix != "" {
-		after = prefix[:len(prefix)-1] + string(prefix[len(prefix)-1]-1) + "\U0010FFFF"
+		after = prefix[:len(prefix)-1] + string(rune(prefix[len(prefix)-1]-1)) + "\U0010FFFF"
 	}
 	for {
 		infos, next, err := p.host.ListJobs(ctx, typ, after, 500, state)

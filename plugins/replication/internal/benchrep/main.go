@@ -95,6 +95,20 @@ func main() {
 		log.Fatal(err)
 	}
 	fmt.Printf("%-50s %12s %12s %12s %9s %9s\n", "workload", "couchjobs", "PouchDB", "_bulk_docs", "vs Pouch", "vs ceil")
+	var reads, twoServers []string
+	defer func() {
+		// What the server spends reading the source, beside the ceiling:
+		// the server serves one request at a time, so a replicator can
+		// reach at most write/(write+read) of the ceiling.
+		fmt.Println()
+		for _, r := range reads {
+			fmt.Println(r)
+		}
+		fmt.Printf("\nthe target on a second server:\n%-50s %12s %12s %9s\n", "workload", "couchjobs", "_bulk_docs", "vs ceil")
+		for _, r := range twoServers {
+			fmt.Println(r)
+		}
+	}()
 	for _, w := range workloads {
 		if *only != "" && *only != w.name {
 			continue
@@ -119,37 +133,86 @@ func main() {
 		must(c.CreateDB(ctx, "source", 0))
 		ingest(c, "source", all, 4)
 		check(c, "source", revs)
+		// A second server, for the same measurements when the target is
+		// not the source's server: there the reads do not take the
+		// writes' server time.
+		s2, err := couchtest.Launch(filepath.Join(dir, fmt.Sprint(len(w.name), "-2")))
+		if err != nil {
+			log.Fatal(err)
+		}
+		c2, err := couch.New(s2.AdminURL(), couch.Options{})
+		must(err)
 		// Each contender runs rounds times, in a rotating order, into a
 		// fresh database deleted afterwards; the median counts. The
 		// ceiling is the faster of one writer and worker_processes (4)
 		// writers: pouchdb-server serves one request at a time.
-		contenders := []func(db string){
-			func(db string) { must(c.CreateDB(ctx, db, 0)); ingest(c, db, all, 1) },
-			func(db string) { must(c.CreateDB(ctx, db, 0)); ingest(c, db, all, 4) },
-			func(db string) { replicate(s, "source", db) },
-			func(db string) { pouchReplicate(pouch, s, "source", db) },
+		type contender struct {
+			c   *couch.Client
+			run func(db string)
+		}
+		contenders := []contender{
+			{c, func(db string) { must(c.CreateDB(ctx, db, 0)); ingest(c, db, all, 1) }},
+			{c, func(db string) { must(c.CreateDB(ctx, db, 0)); ingest(c, db, all, 4) }},
+			{c, func(db string) { replicate(s.AdminURL()+"/source", s.AdminURL()+"/"+db) }},
+			{c2, func(db string) { must(c2.CreateDB(ctx, db, 0)); ingest(c2, db, all, 1) }},
+			{c2, func(db string) { must(c2.CreateDB(ctx, db, 0)); ingest(c2, db, all, 4) }},
+			{c2, func(db string) { replicate(s.AdminURL()+"/source", s2.AdminURL()+"/"+db) }},
+			{c, func(db string) { pouchReplicate(pouch, s, "source", db) }},
 		}
 		if !*withPouch {
-			contenders = contenders[:3]
+			contenders = contenders[:6]
 		}
 		rates := make([][]float64, len(contenders))
 		for round := range *rounds {
 			for k := range contenders {
 				i := (k + round) % len(contenders)
 				db := fmt.Sprint("target-", i, "-", round)
-				rates[i] = append(rates[i], measure(revs, func() { contenders[i](db) }))
-				check(c, db, revs)
-				must(c.DeleteDB(ctx, db))
+				rates[i] = append(rates[i], measure(revs, func() { contenders[i].run(db) }))
+				check(contenders[i].c, db, revs)
+				must(contenders[i].c.DeleteDB(ctx, db))
 			}
 		}
+		s2.Stop()
 		ceil := max(median(rates[0]), median(rates[1]))
-		ours, peer := median(rates[2]), 0.0
+		ceil2 := max(median(rates[3]), median(rates[4]))
+		ours, ours2, peer := median(rates[2]), median(rates[5]), 0.0
 		if *withPouch {
-			peer = median(rates[3])
+			peer = median(rates[6])
 		}
+		twoServers = append(twoServers, fmt.Sprintf("%-50s %10.0f/s %10.0f/s %8.0f%%", w.name, ours2, ceil2, 100*ours2/ceil2))
 		fmt.Printf("%-50s %10.0f/s %10.0f/s %10.0f/s %8.2f× %8.0f%%\n", w.name, ours, peer, ceil, ours/peer, 100*ours/ceil)
+		reads = append(reads, readCosts(c, w.name, revs, ceil))
 		s.Stop()
 	}
+}
+
+// readCosts times, one request at a time, the reads a session on an
+// empty target needs: the changes feed with documents, and _bulk_get of
+// the revisions the feed cannot give (every revision of a document with
+// conflicts or attachments).
+func readCosts(c *couch.Client, name string, revs int, ceil float64) string {
+	var need []couch.DocRev
+	start := time.Now()
+	_, err := c.Feed(ctx, "source", couch.FeedOptions{AllRevs: true, IncludeDocs: true}, func(ch couch.Change) error {
+		if len(ch.Changes) > 1 || bytes.Contains(ch.Doc, []byte(`"_attachments"`)) {
+			for _, r := range ch.Changes {
+				need = append(need, couch.DocRev{ID: ch.ID, Rev: r.Rev})
+			}
+		}
+		return nil
+	})
+	must(err)
+	feed := time.Since(start)
+	start = time.Now()
+	for i := 0; i < len(need); i += 500 {
+		_, err := c.BulkGet(ctx, "source", need[i:min(i+500, len(need))], true)
+		must(err)
+	}
+	get := time.Since(start)
+	write := time.Duration(float64(revs) / ceil * float64(time.Second))
+	return fmt.Sprintf("%-50s reads: feed with docs %v, _bulk_get of %d revisions %v; writes at the ceiling %v; bound %.0f%% of the ceiling",
+		name, feed.Round(time.Millisecond), len(need), get.Round(time.Millisecond), write.Round(time.Millisecond),
+		100*write.Seconds()/(write+feed+get).Seconds())
 }
 
 // measure returns revisions per second of fn.
@@ -198,8 +261,8 @@ func docID(doc json.RawMessage) string {
 	return d.ID
 }
 
-func replicate(s *couchtest.Server, src, tgt string) {
-	spec, err := replication.Parse(fmt.Appendf(nil, `{"source":%q,"target":%q,"create_target":true%s}`, s.AdminURL()+"/"+src, s.AdminURL()+"/"+tgt, *extra))
+func replicate(src, tgt string) {
+	spec, err := replication.Parse(fmt.Appendf(nil, `{"source":%q,"target":%q,"create_target":true%s}`, src, tgt, *extra))
 	must(err)
 	_, err = (&replication.Replication{Spec: spec}).Run(ctx)
 	must(err)
