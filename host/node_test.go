@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "build the test plugin: %v\n%s", err, out)
 		os.Exit(1)
 	}
-	for _, name := range []string{"beta", "stdout", "hang", "cookie", "version", "crashy", "rejecting", "slowbeat", "gatekeeper", "continuous"} {
+	for _, name := range []string{"beta", "stdout", "hang", "cookie", "version", "crashy", "rejecting", "slowbeat", "gatekeeper", "continuous", "v1"} {
 		if err := os.Link(bin, filepath.Join(dir, "couchjobs-"+name)); err != nil {
 			panic(err)
 		}
@@ -252,6 +252,7 @@ func TestBadPluginsFailClearly(t *testing.T) {
 [plugins.hang]
 [plugins.cookie]
 [plugins.version]
+[plugins.v1]
 [plugins.missing]
 [plugins.beta]
 sha256 = "0000000000000000000000000000000000000000000000000000000000000000"
@@ -273,10 +274,16 @@ reject = "rejecting needs a server list"
 			t.Errorf("plugin %s: error %q does not say %q", name, st.Error, text)
 		}
 	}
-	// The good plugin serves its jobs all along.
-	n.waitRunning(t, "alpha")
-	n.add(t, "alpha", "fine", `{}`)
-	n.waitState(t, "alpha", "fine", jobs.Finished)
+	// The good plugins serve their jobs all along, a version 1 plugin
+	// among them.
+	for _, name := range []string{"alpha", "v1"} {
+		n.waitRunning(t, name)
+		n.add(t, name, "fine", `{}`)
+		n.waitState(t, name, "fine", jobs.Finished)
+	}
+	if a, v1 := n.plugin("alpha").Protocol, n.plugin("v1").Protocol; a != sdk.ProtocolVersion || v1 != 1 {
+		t.Errorf("negotiated protocols: alpha %d, v1 %d", a, v1)
+	}
 }
 
 func TestPanicsAreReported(t *testing.T) {

@@ -60,6 +60,9 @@ type PluginStatus struct {
 	Running  int      `json:"running"`
 	Restarts int      `json:"restarts"`
 	Error    string   `json:"error,omitempty"`
+	// Protocol is the plugin protocol version negotiated with the
+	// running process.
+	Protocol int `json:"protocol,omitempty"`
 }
 
 // plugin runs one plugin process, relaunching it when it dies, and its
@@ -84,6 +87,7 @@ type plugin struct {
 	session  *session
 	client   *sdk.Client    // the running process, for admissions and routes
 	routes   *http.ServeMux // the plugin's API routes, forwarding to client
+	protocol int            // the running process's negotiated protocol version
 	stderr   *stderrTail    // the running process's last stderr lines
 }
 
@@ -112,6 +116,9 @@ func (p *plugin) Status() PluginStatus {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	st := PluginStatus{Name: p.name, State: p.state, Restarts: p.restarts}
+	if p.client != nil {
+		st.Protocol = p.protocol
+	}
 	if p.session != nil {
 		st.Running = p.session.running()
 	}
@@ -322,7 +329,7 @@ func (p *plugin) launchProcess(_ context.Context, _ string) (*sdk.Client, func()
 	setProcAttr(cmd)
 	client := goplugin.NewClient(&goplugin.ClientConfig{
 		HandshakeConfig:  sdk.Handshake,
-		VersionedPlugins: map[int]goplugin.PluginSet{sdk.ProtocolVersion: {sdk.PluginKey: &sdk.GRPCPlugin{}}},
+		VersionedPlugins: protocolVersions(),
 		Cmd:              cmd,
 		SecureConfig:     &goplugin.SecureConfig{Checksum: sum, Hash: sha256.New()},
 		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
@@ -345,7 +352,22 @@ func (p *plugin) launchProcess(_ context.Context, _ string) (*sdk.Client, func()
 		client.Kill()
 		return nil, nil, permanent("plugin %s: %v", p.name, err)
 	}
+	p.mu.Lock()
+	p.protocol = client.NegotiatedVersion()
+	p.mu.Unlock()
 	return raw.(*sdk.Client), client.Kill, nil
+}
+
+// protocolVersions are the plugin protocol versions the host serves, from
+// sdk.MinProtocolVersion to sdk.ProtocolVersion: they share one schema, so
+// one plugin set serves them all; a version 1 plugin simply never declares
+// routes or private fields.
+func protocolVersions() map[int]goplugin.PluginSet {
+	out := map[int]goplugin.PluginSet{}
+	for v := sdk.MinProtocolVersion; v <= sdk.ProtocolVersion; v++ {
+		out[v] = goplugin.PluginSet{sdk.PluginKey: &sdk.GRPCPlugin{}}
+	}
+	return out
 }
 
 // drain asks the running jobs to stop within grace and hands back those
@@ -410,7 +432,7 @@ func launchError(name string, err error) error {
 	lower := strings.ToLower(msg)
 	switch {
 	case strings.Contains(lower, "incompatible api version"), strings.Contains(lower, "incompatible core api version"):
-		return permanent("plugin %s speaks another plugin protocol version (this host speaks %d): %v", name, sdk.ProtocolVersion, err)
+		return permanent("plugin %s speaks another plugin protocol version (this host speaks %d to %d): %v", name, sdk.MinProtocolVersion, sdk.ProtocolVersion, err)
 	case strings.Contains(msg, "Failed to read any lines from plugin's stdout"):
 		return permanent("plugin %s exited at launch before its handshake (a wrong magic cookie, not a couchjobs plugin, or a crash at start; see its stderr above): %v", name, err)
 	case strings.Contains(msg, "Unrecognized remote plugin message"):

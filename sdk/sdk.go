@@ -47,8 +47,15 @@ import (
 )
 
 // ProtocolVersion is the plugin protocol version this SDK speaks. It is
-// negotiated in go-plugin's handshake; see the package proto.
-const ProtocolVersion = 1
+// negotiated in go-plugin's handshake; see the package proto. Version 2
+// adds plugin routes (Plugin.Routes, the ServeHTTP call), private job-data
+// fields and the host's ListJobs to version 1; both share the
+// couchjobs.plugin.v1 schema.
+const ProtocolVersion = 2
+
+// MinProtocolVersion is the oldest protocol version hosts built with this
+// SDK still serve: a version 1 plugin runs unchanged.
+const MinProtocolVersion = 1
 
 // Handshake is the go-plugin handshake of couchjobs plugins. The magic
 // cookie only keeps a plugin binary from being run by hand by mistake; it

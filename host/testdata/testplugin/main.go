@@ -213,6 +213,14 @@ func main() {
 			GRPCServer:       goplugin.DefaultGRPCServer,
 		})
 		return
+	case "v1":
+		// A plugin built with an SDK of protocol version 1.
+		goplugin.Serve(&goplugin.ServeConfig{
+			HandshakeConfig:  sdk.Handshake,
+			VersionedPlugins: map[int]goplugin.PluginSet{1: {sdk.PluginKey: &sdk.GRPCPlugin{Impl: p}}},
+			GRPCServer:       goplugin.DefaultGRPCServer,
+		})
+		return
 	case "crashy":
 		go func() {
 			time.Sleep(300 * time.Millisecond)
