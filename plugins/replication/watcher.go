@@ -41,6 +41,9 @@ func (p *plugin) watch(ctx context.Context, job *sdk.Job) error {
 		return sdk.Failf("server %q is not in plugins.replication.config.servers", d.Server)
 	}
 	log := p.log.With("type", job.Type, "id", job.ID)
+	// The checkpoint is saved at most every second, and at a stop: a
+	// change handled but not saved is handled again after a failover,
+	// which is harmless (docChanged compares the document's hash).
 	last := time.Now()
 	dirty := false
 	save := func(ctx context.Context) error {
@@ -60,8 +63,10 @@ func (p *plugin) watch(ctx context.Context, job *sdk.Job) error {
 		}
 		return nil
 	})
-	if _, stopped := sdk.Stopped(ctx); stopped {
-		save(context.WithoutCancel(ctx))
+	if reason, stopped := sdk.Stopped(ctx); stopped {
+		if reason != sdk.StopLost {
+			save(context.WithoutCancel(ctx))
+		}
 		return err
 	}
 	if serr := save(ctx); serr != nil {
