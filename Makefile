@@ -92,6 +92,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime $(FUZZTIME) ./plugins/replication
 	$(GO) test -run '^$$' -fuzz FuzzFeeds -fuzztime $(FUZZTIME) ./plugins/internal/couch
 	$(GO) test -run '^$$' -fuzz FuzzOpenRevsMultipart -fuzztime $(FUZZTIME) ./plugins/internal/couch
+	$(GO) test -run '^$$' -fuzz FuzzKey -fuzztime $(FUZZTIME) ./plugins/indexing/collate
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
