@@ -360,6 +360,8 @@ func (s *session) applyTx(ctx context.Context, items []*item) error {
 				it.ack.Status = pluginv1.Ack_CONFLICT
 			case errors.Is(err, jobs.ErrCanceled):
 				it.ack.Status = pluginv1.Ack_CANCELED
+			case errors.Is(err, errPrecondition):
+				it.ack.Status = pluginv1.Ack_PRECONDITION
 			case errors.Is(err, jobs.ErrInvalid), errors.Is(err, errBadWrite):
 				it.ack.Status, it.ack.Message = pluginv1.Ack_ERROR, err.Error()
 			default:
@@ -378,6 +380,9 @@ func (s *session) applyOne(tx kv.Tx, it *item) error {
 	var writes []*pluginv1.Write
 	var err error
 	if u := it.upd; u != nil {
+		if err := s.p.check(tx, u.Conditions); err != nil {
+			return err
+		}
 		var data json.RawMessage
 		if len(u.Data) > 0 {
 			data = u.Data
@@ -447,6 +452,29 @@ func (s *session) applyOne(tx kv.Tx, it *item) error {
 }
 
 var errBadWrite = errors.New("bad write")
+
+// errPrecondition: a condition of an update did not hold.
+var errPrecondition = errors.New("a condition did not hold")
+
+// check reads an update's conditions on the plugin's subspace, in the
+// update's transaction: the reads make a concurrent change to those keys
+// conflict with it, so a compare-and-set is exact.
+func (p *plugin) check(tx kv.Tx, conds []*pluginv1.Condition) error {
+	prefix := p.sub.Bytes()
+	for _, c := range conds {
+		if c == nil {
+			return fmt.Errorf("%w: an empty condition", errBadWrite)
+		}
+		v, err := tx.Get(append(append(make([]byte, 0, len(prefix)+len(c.Key)), prefix...), c.Key...))
+		if err != nil {
+			return err
+		}
+		if c.Absent && v != nil || !c.Absent && (v == nil || !bytes.Equal(v, c.Value)) {
+			return errPrecondition
+		}
+	}
+	return nil
+}
 
 // write applies a plugin's writes to its own subspace.
 func (p *plugin) write(tx kv.Tx, writes []*pluginv1.Write) error {

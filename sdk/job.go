@@ -60,6 +60,11 @@ type Update struct {
 	// transaction as the job's update: they commit only while this node
 	// still holds the job.
 	Writes []Write
+	// If are conditions on the plugin's subspace: the update (data and
+	// writes) applies only if all hold, in the same transaction, and
+	// otherwise Update returns ErrPrecondition and nothing applies: a
+	// compare-and-set, say to claim a name for one job only.
+	If []Condition
 	// Fraction done (0 to 1; negative when unknown) and a message, for
 	// display.
 	Fraction float64
@@ -84,6 +89,24 @@ func ClearRange(begin, end []byte) Write {
 	return Write{&pluginv1.Write{Op: &pluginv1.Write_ClearRange{ClearRange: &pluginv1.Range{Begin: begin, End: end}}}}
 }
 
+// Condition is what one key of the plugin's subspace must hold for an
+// update to apply.
+type Condition struct{ c *pluginv1.Condition }
+
+// Holds is the condition that key holds value.
+func Holds(key, value []byte) Condition {
+	return Condition{&pluginv1.Condition{Key: key, Value: value}}
+}
+
+// Absent is the condition that key does not exist.
+func Absent(key []byte) Condition {
+	return Condition{&pluginv1.Condition{Key: key, Absent: true}}
+}
+
+// ErrPrecondition: a condition of an update did not hold; nothing of the
+// update applied. The run goes on.
+var ErrPrecondition = errors.New("sdk: a condition of the update did not hold")
+
 // Update sends a progress report and waits until the host stored it. It
 // returns ErrConflict or ErrCanceled when the run must stop (its context
 // is then canceled too), or the host's reason for refusing the update.
@@ -98,6 +121,9 @@ func (j *Job) Update(ctx context.Context, u Update) error {
 	}
 	for _, w := range u.Writes {
 		msg.Writes = append(msg.Writes, w.w)
+	}
+	for _, c := range u.If {
+		msg.Conditions = append(msg.Conditions, c.c)
 	}
 	if err := j.run.update(ctx, msg); err != nil {
 		return err

@@ -373,6 +373,8 @@ func ackError(a *pluginv1.Ack) error {
 		return ErrConflict
 	case pluginv1.Ack_CANCELED:
 		return ErrCanceled
+	case pluginv1.Ack_PRECONDITION:
+		return ErrPrecondition
 	}
 	return fmt.Errorf("sdk: the host refused the update: %s", a.Message)
 }

@@ -203,13 +203,23 @@ func (p *plugin) replicate(ctx context.Context, job *sdk.Job) error {
 	d.State, d.Node, d.StartTime, d.Updated, d.Error, d.Result = StateRunning, p.node, &now, &now, "", nil
 	r := &Replication{Spec: d.Secret, Log: log}
 	r.Claim = func(ctx context.Context, repID string) error {
-		if err := p.claim(ctx, job.ID, repID); err != nil {
+		cond, err := p.claim(ctx, job.ID, repID)
+		if err != nil {
 			return err
 		}
 		// Record the claim (and that the job runs) before any document
-		// moves, so that a second job of the same replication sees it.
+		// moves, if the claim is still as read: of two jobs claiming at
+		// once, one wins and the other finds the collision.
 		d.RepID = repID
-		return job.Update(ctx, sdk.Update{Data: d, Writes: []sdk.Write{sdk.Set(repIDKey(repID), []byte(job.ID))}})
+		err = job.Update(ctx, sdk.Update{Data: d, If: []sdk.Condition{cond}, Writes: []sdk.Write{sdk.Set(repIDKey(repID), []byte(job.ID))}})
+		if errors.Is(err, sdk.ErrPrecondition) {
+			d.RepID = ""
+			if _, err := p.claim(ctx, job.ID, repID); err != nil {
+				return err
+			}
+			return fmt.Errorf("replication_id %s: another job claimed it at the same time", repID)
+		}
+		return err
 	}
 	r.Progress = func(ctx context.Context, repID string, s Stats) error {
 		now := time.Now().UTC()
@@ -271,27 +281,37 @@ func (p *plugin) fail(ctx context.Context, job *sdk.Job, d *Data, reason error) 
 // replication id.
 func repIDKey(repID string) []byte { return []byte("repid/" + baseID(repID)) }
 
-// claim checks that no other live job runs the replication id.
-func (p *plugin) claim(ctx context.Context, self, repID string) error {
+// claim checks that no other live job runs the replication id, and
+// returns the condition under which this job may record its claim: the
+// registry entry as read.
+func (p *plugin) claim(ctx context.Context, self, repID string) (sdk.Condition, error) {
+	key := repIDKey(repID)
 	if p.host == nil {
-		return nil
+		return sdk.Absent(key), nil
 	}
-	owner, err := p.host.Get(ctx, repIDKey(repID))
-	if err != nil || owner == nil || string(owner) == self {
-		return err
+	owner, err := p.host.Get(ctx, key)
+	if err != nil {
+		return sdk.Condition{}, err
+	}
+	if owner == nil {
+		return sdk.Absent(key), nil
+	}
+	cond := sdk.Holds(key, owner)
+	if string(owner) == self {
+		return cond, nil
 	}
 	info, err := p.host.GetJob(ctx, TypeReplication, string(owner))
 	if errors.Is(err, sdk.ErrNotFound) {
-		return nil
+		return cond, nil
 	}
 	if err != nil {
-		return err
+		return sdk.Condition{}, err
 	}
 	od, err := parseData(info.Data)
 	if err != nil || info.State == "finished" || od.RepID != repID {
-		return nil
+		return cond, nil
 	}
-	return &collision{owner: string(owner), ownerKind: od.Kind, repID: repID}
+	return sdk.Condition{}, &collision{owner: string(owner), ownerKind: od.Kind, repID: repID}
 }
 
 // markDoc records a terminal state in a _replicator document, as CouchDB

@@ -3,6 +3,7 @@ package sdktest_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -112,5 +113,47 @@ func TestBadRoutes(t *testing.T) {
 	p := &sdk.Plugin{Name: "x", Types: []sdk.Type{{Name: "x", Worker: w}}, Routes: []sdk.Route{{Pattern: "/a", Handler: http.NotFoundHandler()}, {Pattern: "/a", Handler: http.NotFoundHandler()}}}
 	if err := p.Validate(); err == nil {
 		t.Error("a duplicate route passes")
+	}
+}
+
+// TestConditions: an update with conditions applies only when they hold,
+// a compare-and-set on the plugin's subspace.
+func TestConditions(t *testing.T) {
+	t.Parallel()
+	key := []byte("claim")
+	var steps []string
+	p := &sdk.Plugin{Name: "cas", Types: []sdk.Type{{Name: "cas", Worker: sdk.WorkerFunc(func(ctx context.Context, job *sdk.Job) error {
+		for _, u := range []sdk.Update{
+			{If: []sdk.Condition{sdk.Absent(key)}, Writes: []sdk.Write{sdk.Set(key, []byte("a"))}, Data: map[string]int{"step": 1}},
+			{If: []sdk.Condition{sdk.Absent(key)}, Writes: []sdk.Write{sdk.Set(key, []byte("x"))}, Data: map[string]int{"step": 2}},
+			{If: []sdk.Condition{sdk.Holds(key, []byte("z"))}, Writes: []sdk.Write{sdk.Set(key, []byte("x"))}},
+			{If: []sdk.Condition{sdk.Holds(key, []byte("a"))}, Writes: []sdk.Write{sdk.Set(key, []byte("b"))}},
+		} {
+			err := job.Update(ctx, u)
+			switch {
+			case err == nil:
+				steps = append(steps, "ok")
+			case errors.Is(err, sdk.ErrPrecondition):
+				steps = append(steps, "refused")
+			default:
+				return err
+			}
+		}
+		return nil
+	})}}}
+	h := sdktest.New(t, p, nil)
+	res := h.Run("cas", "j", map[string]any{})
+	if res.Outcome != sdktest.Completed {
+		t.Fatalf("%+v", res)
+	}
+	if got := strings.Join(steps, " "); got != "ok refused refused ok" {
+		t.Errorf("steps: %s", got)
+	}
+	if v := h.Get(key); string(v) != "b" {
+		t.Errorf("the key holds %q", v)
+	}
+	// The refused update's data did not apply either.
+	if !strings.Contains(string(res.Data), `"step":1`) {
+		t.Errorf("data %s", res.Data)
 	}
 }

@@ -47,6 +47,9 @@ const (
 	// ERROR: the update was refused (bad data, a write over the limits);
 	// nothing of it was applied.
 	Ack_ERROR Ack_Status = 4
+	// PRECONDITION: one of the update's conditions did not hold; nothing
+	// of it was applied, and the run goes on.
+	Ack_PRECONDITION Ack_Status = 5
 )
 
 // Enum value maps for Ack_Status.
@@ -57,6 +60,7 @@ var (
 		2: "CONFLICT",
 		3: "CANCELED",
 		4: "ERROR",
+		5: "PRECONDITION",
 	}
 	Ack_Status_value = map[string]int32{
 		"STATUS_UNSPECIFIED": 0,
@@ -64,6 +68,7 @@ var (
 		"CONFLICT":           2,
 		"CANCELED":           3,
 		"ERROR":              4,
+		"PRECONDITION":       5,
 	}
 )
 
@@ -202,7 +207,7 @@ func (x End_Outcome) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use End_Outcome.Descriptor instead.
 func (End_Outcome) EnumDescriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{21, 0}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{22, 0}
 }
 
 type DescribeRequest struct {
@@ -1279,8 +1284,13 @@ type Update struct {
 	// Data replaces the job's data; empty keeps it.
 	Data []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
 	// Writes to the plugin's own subspace.
-	Writes        []*Write  `protobuf:"bytes,4,rep,name=writes,proto3" json:"writes,omitempty"`
-	Progress      *Progress `protobuf:"bytes,5,opt,name=progress,proto3" json:"progress,omitempty"`
+	Writes   []*Write  `protobuf:"bytes,4,rep,name=writes,proto3" json:"writes,omitempty"`
+	Progress *Progress `protobuf:"bytes,5,opt,name=progress,proto3" json:"progress,omitempty"`
+	// Conditions (protocol version 2): the update applies, data and writes,
+	// only if every one holds in the same transaction; otherwise nothing
+	// applies and the ack is PRECONDITION. A compare-and-set on the
+	// plugin's subspace.
+	Conditions    []*Condition `protobuf:"bytes,6,rep,name=conditions,proto3" json:"conditions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1350,6 +1360,75 @@ func (x *Update) GetProgress() *Progress {
 	return nil
 }
 
+func (x *Update) GetConditions() []*Condition {
+	if x != nil {
+		return x.Conditions
+	}
+	return nil
+}
+
+// Condition is what one key of the plugin's subspace must hold.
+type Condition struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   []byte                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Absent: the key must not exist; otherwise it must hold value.
+	Absent        bool   `protobuf:"varint,2,opt,name=absent,proto3" json:"absent,omitempty"`
+	Value         []byte `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Condition) Reset() {
+	*x = Condition{}
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Condition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Condition) ProtoMessage() {}
+
+func (x *Condition) ProtoReflect() protoreflect.Message {
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Condition.ProtoReflect.Descriptor instead.
+func (*Condition) Descriptor() ([]byte, []int) {
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *Condition) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *Condition) GetAbsent() bool {
+	if x != nil {
+		return x.Absent
+	}
+	return false
+}
+
+func (x *Condition) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
 type Write struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Op:
@@ -1364,7 +1443,7 @@ type Write struct {
 
 func (x *Write) Reset() {
 	*x = Write{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[17]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1376,7 +1455,7 @@ func (x *Write) String() string {
 func (*Write) ProtoMessage() {}
 
 func (x *Write) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[17]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1389,7 +1468,7 @@ func (x *Write) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Write.ProtoReflect.Descriptor instead.
 func (*Write) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{17}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Write) GetOp() isWrite_Op {
@@ -1458,7 +1537,7 @@ type KeyValue struct {
 
 func (x *KeyValue) Reset() {
 	*x = KeyValue{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[18]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1470,7 +1549,7 @@ func (x *KeyValue) String() string {
 func (*KeyValue) ProtoMessage() {}
 
 func (x *KeyValue) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[18]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1483,7 +1562,7 @@ func (x *KeyValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyValue.ProtoReflect.Descriptor instead.
 func (*KeyValue) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{18}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *KeyValue) GetKey() []byte {
@@ -1511,7 +1590,7 @@ type Range struct {
 
 func (x *Range) Reset() {
 	*x = Range{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[19]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1523,7 +1602,7 @@ func (x *Range) String() string {
 func (*Range) ProtoMessage() {}
 
 func (x *Range) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[19]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1536,7 +1615,7 @@ func (x *Range) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Range.ProtoReflect.Descriptor instead.
 func (*Range) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{19}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Range) GetBegin() []byte {
@@ -1564,7 +1643,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[20]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1576,7 +1655,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[20]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1589,7 +1668,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{20}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Progress) GetFraction() float64 {
@@ -1630,7 +1709,7 @@ type End struct {
 
 func (x *End) Reset() {
 	*x = End{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[21]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1642,7 +1721,7 @@ func (x *End) String() string {
 func (*End) ProtoMessage() {}
 
 func (x *End) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[21]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1655,7 +1734,7 @@ func (x *End) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use End.ProtoReflect.Descriptor instead.
 func (*End) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{21}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *End) GetHandle() uint64 {
@@ -1727,7 +1806,7 @@ type ReadRequest struct {
 
 func (x *ReadRequest) Reset() {
 	*x = ReadRequest{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[22]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1739,7 +1818,7 @@ func (x *ReadRequest) String() string {
 func (*ReadRequest) ProtoMessage() {}
 
 func (x *ReadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[22]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1752,7 +1831,7 @@ func (x *ReadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadRequest.ProtoReflect.Descriptor instead.
 func (*ReadRequest) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{22}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReadRequest) GetKey() []byte {
@@ -1795,7 +1874,7 @@ type ReadResponse struct {
 
 func (x *ReadResponse) Reset() {
 	*x = ReadResponse{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[23]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1807,7 +1886,7 @@ func (x *ReadResponse) String() string {
 func (*ReadResponse) ProtoMessage() {}
 
 func (x *ReadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[23]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1820,7 +1899,7 @@ func (x *ReadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadResponse.ProtoReflect.Descriptor instead.
 func (*ReadResponse) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{23}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReadResponse) GetFound() bool {
@@ -1854,7 +1933,7 @@ type JobRef struct {
 
 func (x *JobRef) Reset() {
 	*x = JobRef{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[24]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1866,7 +1945,7 @@ func (x *JobRef) String() string {
 func (*JobRef) ProtoMessage() {}
 
 func (x *JobRef) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[24]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1879,7 +1958,7 @@ func (x *JobRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobRef.ProtoReflect.Descriptor instead.
 func (*JobRef) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{24}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *JobRef) GetType() string {
@@ -1912,7 +1991,7 @@ type AddJobRequest struct {
 
 func (x *AddJobRequest) Reset() {
 	*x = AddJobRequest{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[25]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1924,7 +2003,7 @@ func (x *AddJobRequest) String() string {
 func (*AddJobRequest) ProtoMessage() {}
 
 func (x *AddJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[25]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1937,7 +2016,7 @@ func (x *AddJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddJobRequest.ProtoReflect.Descriptor instead.
 func (*AddJobRequest) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{25}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *AddJobRequest) GetType() string {
@@ -1997,7 +2076,7 @@ type AddJobResponse struct {
 
 func (x *AddJobResponse) Reset() {
 	*x = AddJobResponse{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[26]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2009,7 +2088,7 @@ func (x *AddJobResponse) String() string {
 func (*AddJobResponse) ProtoMessage() {}
 
 func (x *AddJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[26]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2022,7 +2101,7 @@ func (x *AddJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddJobResponse.ProtoReflect.Descriptor instead.
 func (*AddJobResponse) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{26}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{27}
 }
 
 type RemoveJobResponse struct {
@@ -2033,7 +2112,7 @@ type RemoveJobResponse struct {
 
 func (x *RemoveJobResponse) Reset() {
 	*x = RemoveJobResponse{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[27]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2045,7 +2124,7 @@ func (x *RemoveJobResponse) String() string {
 func (*RemoveJobResponse) ProtoMessage() {}
 
 func (x *RemoveJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[27]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2058,7 +2137,7 @@ func (x *RemoveJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveJobResponse.ProtoReflect.Descriptor instead.
 func (*RemoveJobResponse) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{27}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{28}
 }
 
 type JobInfo struct {
@@ -2081,7 +2160,7 @@ type JobInfo struct {
 
 func (x *JobInfo) Reset() {
 	*x = JobInfo{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[28]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2093,7 +2172,7 @@ func (x *JobInfo) String() string {
 func (*JobInfo) ProtoMessage() {}
 
 func (x *JobInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[28]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2106,7 +2185,7 @@ func (x *JobInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobInfo.ProtoReflect.Descriptor instead.
 func (*JobInfo) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{28}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *JobInfo) GetType() string {
@@ -2194,7 +2273,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[29]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2206,7 +2285,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[29]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2219,7 +2298,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{29}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListJobsRequest) GetType() string {
@@ -2261,7 +2340,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[30]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2273,7 +2352,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[30]
+	mi := &file_couchjobs_plugin_v1_plugin_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2286,7 +2365,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{30}
+	return file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListJobsResponse) GetJobs() []*JobInfo {
@@ -2376,18 +2455,19 @@ const file_couchjobs_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x04data\x18\x04 \x01(\fR\x04data\x12\x1a\n" +
 	"\bpriority\x18\x05 \x01(\x03R\bpriority\x12\x14\n" +
 	"\x05group\x18\x06 \x01(\tR\x05group\x12!\n" +
-	"\fheartbeat_ms\x18\a \x01(\x03R\vheartbeatMs\"\xd3\x01\n" +
+	"\fheartbeat_ms\x18\a \x01(\x03R\vheartbeatMs\"\xe5\x01\n" +
 	"\x03Ack\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\x04R\x06handle\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x127\n" +
 	"\x06status\x18\x03 \x01(\x0e2\x1f.couchjobs.plugin.v1.Ack.StatusR\x06status\x12\x18\n" +
-	"\amessage\x18\x04 \x01(\tR\amessage\"O\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\"a\n" +
 	"\x06Status\x12\x16\n" +
 	"\x12STATUS_UNSPECIFIED\x10\x00\x12\x06\n" +
 	"\x02OK\x10\x01\x12\f\n" +
 	"\bCONFLICT\x10\x02\x12\f\n" +
 	"\bCANCELED\x10\x03\x12\t\n" +
-	"\x05ERROR\x10\x04\"\xc2\x01\n" +
+	"\x05ERROR\x10\x04\x12\x10\n" +
+	"\fPRECONDITION\x10\x05\"\xc2\x01\n" +
 	"\aStopJob\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\x04R\x06handle\x12;\n" +
 	"\x06reason\x18\x02 \x01(\x0e2#.couchjobs.plugin.v1.StopJob.ReasonR\x06reason\x12\x19\n" +
@@ -2400,13 +2480,20 @@ const file_couchjobs_plugin_v1_plugin_proto_rawDesc = "" +
 	"\bSHUTDOWN\x10\x03\"t\n" +
 	"\rPluginMessage\x125\n" +
 	"\aupdates\x18\x01 \x03(\v2\x1b.couchjobs.plugin.v1.UpdateR\aupdates\x12,\n" +
-	"\x04ends\x18\x02 \x03(\v2\x18.couchjobs.plugin.v1.EndR\x04ends\"\xb5\x01\n" +
+	"\x04ends\x18\x02 \x03(\v2\x18.couchjobs.plugin.v1.EndR\x04ends\"\xf5\x01\n" +
 	"\x06Update\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\x04R\x06handle\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\x04R\x03seq\x12\x12\n" +
 	"\x04data\x18\x03 \x01(\fR\x04data\x122\n" +
 	"\x06writes\x18\x04 \x03(\v2\x1a.couchjobs.plugin.v1.WriteR\x06writes\x129\n" +
-	"\bprogress\x18\x05 \x01(\v2\x1d.couchjobs.plugin.v1.ProgressR\bprogress\"\x97\x01\n" +
+	"\bprogress\x18\x05 \x01(\v2\x1d.couchjobs.plugin.v1.ProgressR\bprogress\x12>\n" +
+	"\n" +
+	"conditions\x18\x06 \x03(\v2\x1e.couchjobs.plugin.v1.ConditionR\n" +
+	"conditions\"K\n" +
+	"\tCondition\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12\x16\n" +
+	"\x06absent\x18\x02 \x01(\bR\x06absent\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\fR\x05value\"\x97\x01\n" +
 	"\x05Write\x121\n" +
 	"\x03set\x18\x01 \x01(\v2\x1d.couchjobs.plugin.v1.KeyValueH\x00R\x03set\x12\x16\n" +
 	"\x05clear\x18\x02 \x01(\fH\x00R\x05clear\x12=\n" +
@@ -2509,7 +2596,7 @@ func file_couchjobs_plugin_v1_plugin_proto_rawDescGZIP() []byte {
 }
 
 var file_couchjobs_plugin_v1_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_couchjobs_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_couchjobs_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_couchjobs_plugin_v1_plugin_proto_goTypes = []any{
 	(Ack_Status)(0),           // 0: couchjobs.plugin.v1.Ack.Status
 	(StopJob_Reason)(0),       // 1: couchjobs.plugin.v1.StopJob.Reason
@@ -2531,28 +2618,29 @@ var file_couchjobs_plugin_v1_plugin_proto_goTypes = []any{
 	(*StopJob)(nil),           // 17: couchjobs.plugin.v1.StopJob
 	(*PluginMessage)(nil),     // 18: couchjobs.plugin.v1.PluginMessage
 	(*Update)(nil),            // 19: couchjobs.plugin.v1.Update
-	(*Write)(nil),             // 20: couchjobs.plugin.v1.Write
-	(*KeyValue)(nil),          // 21: couchjobs.plugin.v1.KeyValue
-	(*Range)(nil),             // 22: couchjobs.plugin.v1.Range
-	(*Progress)(nil),          // 23: couchjobs.plugin.v1.Progress
-	(*End)(nil),               // 24: couchjobs.plugin.v1.End
-	(*ReadRequest)(nil),       // 25: couchjobs.plugin.v1.ReadRequest
-	(*ReadResponse)(nil),      // 26: couchjobs.plugin.v1.ReadResponse
-	(*JobRef)(nil),            // 27: couchjobs.plugin.v1.JobRef
-	(*AddJobRequest)(nil),     // 28: couchjobs.plugin.v1.AddJobRequest
-	(*AddJobResponse)(nil),    // 29: couchjobs.plugin.v1.AddJobResponse
-	(*RemoveJobResponse)(nil), // 30: couchjobs.plugin.v1.RemoveJobResponse
-	(*JobInfo)(nil),           // 31: couchjobs.plugin.v1.JobInfo
-	(*ListJobsRequest)(nil),   // 32: couchjobs.plugin.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),  // 33: couchjobs.plugin.v1.ListJobsResponse
-	nil,                       // 34: couchjobs.plugin.v1.HTTPRequest.HeadersEntry
-	nil,                       // 35: couchjobs.plugin.v1.HTTPResponse.HeadersEntry
+	(*Condition)(nil),         // 20: couchjobs.plugin.v1.Condition
+	(*Write)(nil),             // 21: couchjobs.plugin.v1.Write
+	(*KeyValue)(nil),          // 22: couchjobs.plugin.v1.KeyValue
+	(*Range)(nil),             // 23: couchjobs.plugin.v1.Range
+	(*Progress)(nil),          // 24: couchjobs.plugin.v1.Progress
+	(*End)(nil),               // 25: couchjobs.plugin.v1.End
+	(*ReadRequest)(nil),       // 26: couchjobs.plugin.v1.ReadRequest
+	(*ReadResponse)(nil),      // 27: couchjobs.plugin.v1.ReadResponse
+	(*JobRef)(nil),            // 28: couchjobs.plugin.v1.JobRef
+	(*AddJobRequest)(nil),     // 29: couchjobs.plugin.v1.AddJobRequest
+	(*AddJobResponse)(nil),    // 30: couchjobs.plugin.v1.AddJobResponse
+	(*RemoveJobResponse)(nil), // 31: couchjobs.plugin.v1.RemoveJobResponse
+	(*JobInfo)(nil),           // 32: couchjobs.plugin.v1.JobInfo
+	(*ListJobsRequest)(nil),   // 33: couchjobs.plugin.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),  // 34: couchjobs.plugin.v1.ListJobsResponse
+	nil,                       // 35: couchjobs.plugin.v1.HTTPRequest.HeadersEntry
+	nil,                       // 36: couchjobs.plugin.v1.HTTPResponse.HeadersEntry
 }
 var file_couchjobs_plugin_v1_plugin_proto_depIdxs = []int32{
 	8,  // 0: couchjobs.plugin.v1.DescribeResponse.types:type_name -> couchjobs.plugin.v1.JobType
 	5,  // 1: couchjobs.plugin.v1.DescribeResponse.routes:type_name -> couchjobs.plugin.v1.Route
-	34, // 2: couchjobs.plugin.v1.HTTPRequest.headers:type_name -> couchjobs.plugin.v1.HTTPRequest.HeadersEntry
-	35, // 3: couchjobs.plugin.v1.HTTPResponse.headers:type_name -> couchjobs.plugin.v1.HTTPResponse.HeadersEntry
+	35, // 2: couchjobs.plugin.v1.HTTPRequest.headers:type_name -> couchjobs.plugin.v1.HTTPRequest.HeadersEntry
+	36, // 3: couchjobs.plugin.v1.HTTPResponse.headers:type_name -> couchjobs.plugin.v1.HTTPResponse.HeadersEntry
 	13, // 4: couchjobs.plugin.v1.ConfigureResponse.errors:type_name -> couchjobs.plugin.v1.ConfigError
 	15, // 5: couchjobs.plugin.v1.HostMessage.starts:type_name -> couchjobs.plugin.v1.StartJob
 	16, // 6: couchjobs.plugin.v1.HostMessage.acks:type_name -> couchjobs.plugin.v1.Ack
@@ -2560,43 +2648,44 @@ var file_couchjobs_plugin_v1_plugin_proto_depIdxs = []int32{
 	0,  // 8: couchjobs.plugin.v1.Ack.status:type_name -> couchjobs.plugin.v1.Ack.Status
 	1,  // 9: couchjobs.plugin.v1.StopJob.reason:type_name -> couchjobs.plugin.v1.StopJob.Reason
 	19, // 10: couchjobs.plugin.v1.PluginMessage.updates:type_name -> couchjobs.plugin.v1.Update
-	24, // 11: couchjobs.plugin.v1.PluginMessage.ends:type_name -> couchjobs.plugin.v1.End
-	20, // 12: couchjobs.plugin.v1.Update.writes:type_name -> couchjobs.plugin.v1.Write
-	23, // 13: couchjobs.plugin.v1.Update.progress:type_name -> couchjobs.plugin.v1.Progress
-	21, // 14: couchjobs.plugin.v1.Write.set:type_name -> couchjobs.plugin.v1.KeyValue
-	22, // 15: couchjobs.plugin.v1.Write.clear_range:type_name -> couchjobs.plugin.v1.Range
-	2,  // 16: couchjobs.plugin.v1.End.outcome:type_name -> couchjobs.plugin.v1.End.Outcome
-	20, // 17: couchjobs.plugin.v1.End.writes:type_name -> couchjobs.plugin.v1.Write
-	22, // 18: couchjobs.plugin.v1.ReadRequest.range:type_name -> couchjobs.plugin.v1.Range
-	21, // 19: couchjobs.plugin.v1.ReadResponse.kvs:type_name -> couchjobs.plugin.v1.KeyValue
-	31, // 20: couchjobs.plugin.v1.ListJobsResponse.jobs:type_name -> couchjobs.plugin.v1.JobInfo
-	3,  // 21: couchjobs.plugin.v1.Plugin.Describe:input_type -> couchjobs.plugin.v1.DescribeRequest
-	11, // 22: couchjobs.plugin.v1.Plugin.Configure:input_type -> couchjobs.plugin.v1.ConfigureRequest
-	14, // 23: couchjobs.plugin.v1.Plugin.Session:input_type -> couchjobs.plugin.v1.HostMessage
-	9,  // 24: couchjobs.plugin.v1.Plugin.Admit:input_type -> couchjobs.plugin.v1.AdmitRequest
-	6,  // 25: couchjobs.plugin.v1.Plugin.ServeHTTP:input_type -> couchjobs.plugin.v1.HTTPRequest
-	25, // 26: couchjobs.plugin.v1.Host.Read:input_type -> couchjobs.plugin.v1.ReadRequest
-	28, // 27: couchjobs.plugin.v1.Host.AddJob:input_type -> couchjobs.plugin.v1.AddJobRequest
-	27, // 28: couchjobs.plugin.v1.Host.RemoveJob:input_type -> couchjobs.plugin.v1.JobRef
-	27, // 29: couchjobs.plugin.v1.Host.GetJob:input_type -> couchjobs.plugin.v1.JobRef
-	27, // 30: couchjobs.plugin.v1.Host.Subscribe:input_type -> couchjobs.plugin.v1.JobRef
-	32, // 31: couchjobs.plugin.v1.Host.ListJobs:input_type -> couchjobs.plugin.v1.ListJobsRequest
-	4,  // 32: couchjobs.plugin.v1.Plugin.Describe:output_type -> couchjobs.plugin.v1.DescribeResponse
-	12, // 33: couchjobs.plugin.v1.Plugin.Configure:output_type -> couchjobs.plugin.v1.ConfigureResponse
-	18, // 34: couchjobs.plugin.v1.Plugin.Session:output_type -> couchjobs.plugin.v1.PluginMessage
-	10, // 35: couchjobs.plugin.v1.Plugin.Admit:output_type -> couchjobs.plugin.v1.AdmitResponse
-	7,  // 36: couchjobs.plugin.v1.Plugin.ServeHTTP:output_type -> couchjobs.plugin.v1.HTTPResponse
-	26, // 37: couchjobs.plugin.v1.Host.Read:output_type -> couchjobs.plugin.v1.ReadResponse
-	29, // 38: couchjobs.plugin.v1.Host.AddJob:output_type -> couchjobs.plugin.v1.AddJobResponse
-	30, // 39: couchjobs.plugin.v1.Host.RemoveJob:output_type -> couchjobs.plugin.v1.RemoveJobResponse
-	31, // 40: couchjobs.plugin.v1.Host.GetJob:output_type -> couchjobs.plugin.v1.JobInfo
-	31, // 41: couchjobs.plugin.v1.Host.Subscribe:output_type -> couchjobs.plugin.v1.JobInfo
-	33, // 42: couchjobs.plugin.v1.Host.ListJobs:output_type -> couchjobs.plugin.v1.ListJobsResponse
-	32, // [32:43] is the sub-list for method output_type
-	21, // [21:32] is the sub-list for method input_type
-	21, // [21:21] is the sub-list for extension type_name
-	21, // [21:21] is the sub-list for extension extendee
-	0,  // [0:21] is the sub-list for field type_name
+	25, // 11: couchjobs.plugin.v1.PluginMessage.ends:type_name -> couchjobs.plugin.v1.End
+	21, // 12: couchjobs.plugin.v1.Update.writes:type_name -> couchjobs.plugin.v1.Write
+	24, // 13: couchjobs.plugin.v1.Update.progress:type_name -> couchjobs.plugin.v1.Progress
+	20, // 14: couchjobs.plugin.v1.Update.conditions:type_name -> couchjobs.plugin.v1.Condition
+	22, // 15: couchjobs.plugin.v1.Write.set:type_name -> couchjobs.plugin.v1.KeyValue
+	23, // 16: couchjobs.plugin.v1.Write.clear_range:type_name -> couchjobs.plugin.v1.Range
+	2,  // 17: couchjobs.plugin.v1.End.outcome:type_name -> couchjobs.plugin.v1.End.Outcome
+	21, // 18: couchjobs.plugin.v1.End.writes:type_name -> couchjobs.plugin.v1.Write
+	23, // 19: couchjobs.plugin.v1.ReadRequest.range:type_name -> couchjobs.plugin.v1.Range
+	22, // 20: couchjobs.plugin.v1.ReadResponse.kvs:type_name -> couchjobs.plugin.v1.KeyValue
+	32, // 21: couchjobs.plugin.v1.ListJobsResponse.jobs:type_name -> couchjobs.plugin.v1.JobInfo
+	3,  // 22: couchjobs.plugin.v1.Plugin.Describe:input_type -> couchjobs.plugin.v1.DescribeRequest
+	11, // 23: couchjobs.plugin.v1.Plugin.Configure:input_type -> couchjobs.plugin.v1.ConfigureRequest
+	14, // 24: couchjobs.plugin.v1.Plugin.Session:input_type -> couchjobs.plugin.v1.HostMessage
+	9,  // 25: couchjobs.plugin.v1.Plugin.Admit:input_type -> couchjobs.plugin.v1.AdmitRequest
+	6,  // 26: couchjobs.plugin.v1.Plugin.ServeHTTP:input_type -> couchjobs.plugin.v1.HTTPRequest
+	26, // 27: couchjobs.plugin.v1.Host.Read:input_type -> couchjobs.plugin.v1.ReadRequest
+	29, // 28: couchjobs.plugin.v1.Host.AddJob:input_type -> couchjobs.plugin.v1.AddJobRequest
+	28, // 29: couchjobs.plugin.v1.Host.RemoveJob:input_type -> couchjobs.plugin.v1.JobRef
+	28, // 30: couchjobs.plugin.v1.Host.GetJob:input_type -> couchjobs.plugin.v1.JobRef
+	28, // 31: couchjobs.plugin.v1.Host.Subscribe:input_type -> couchjobs.plugin.v1.JobRef
+	33, // 32: couchjobs.plugin.v1.Host.ListJobs:input_type -> couchjobs.plugin.v1.ListJobsRequest
+	4,  // 33: couchjobs.plugin.v1.Plugin.Describe:output_type -> couchjobs.plugin.v1.DescribeResponse
+	12, // 34: couchjobs.plugin.v1.Plugin.Configure:output_type -> couchjobs.plugin.v1.ConfigureResponse
+	18, // 35: couchjobs.plugin.v1.Plugin.Session:output_type -> couchjobs.plugin.v1.PluginMessage
+	10, // 36: couchjobs.plugin.v1.Plugin.Admit:output_type -> couchjobs.plugin.v1.AdmitResponse
+	7,  // 37: couchjobs.plugin.v1.Plugin.ServeHTTP:output_type -> couchjobs.plugin.v1.HTTPResponse
+	27, // 38: couchjobs.plugin.v1.Host.Read:output_type -> couchjobs.plugin.v1.ReadResponse
+	30, // 39: couchjobs.plugin.v1.Host.AddJob:output_type -> couchjobs.plugin.v1.AddJobResponse
+	31, // 40: couchjobs.plugin.v1.Host.RemoveJob:output_type -> couchjobs.plugin.v1.RemoveJobResponse
+	32, // 41: couchjobs.plugin.v1.Host.GetJob:output_type -> couchjobs.plugin.v1.JobInfo
+	32, // 42: couchjobs.plugin.v1.Host.Subscribe:output_type -> couchjobs.plugin.v1.JobInfo
+	34, // 43: couchjobs.plugin.v1.Host.ListJobs:output_type -> couchjobs.plugin.v1.ListJobsResponse
+	33, // [33:44] is the sub-list for method output_type
+	22, // [22:33] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_couchjobs_plugin_v1_plugin_proto_init() }
@@ -2604,7 +2693,7 @@ func file_couchjobs_plugin_v1_plugin_proto_init() {
 	if File_couchjobs_plugin_v1_plugin_proto != nil {
 		return
 	}
-	file_couchjobs_plugin_v1_plugin_proto_msgTypes[17].OneofWrappers = []any{
+	file_couchjobs_plugin_v1_plugin_proto_msgTypes[18].OneofWrappers = []any{
 		(*Write_Set)(nil),
 		(*Write_Clear)(nil),
 		(*Write_ClearRange)(nil),
@@ -2615,7 +2704,7 @@ func file_couchjobs_plugin_v1_plugin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_couchjobs_plugin_v1_plugin_proto_rawDesc), len(file_couchjobs_plugin_v1_plugin_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   33,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
