@@ -206,18 +206,16 @@ func main() {
 		select {}
 	case "cookie":
 		sdk.Handshake.MagicCookieValue = "not-the-couchjobs-cookie"
-	case "version":
+	case "version", "v1":
+		// A protocol version no host speaks, or version 1 (a plugin built
+		// with an older SDK).
+		version := 99
+		if name == "v1" {
+			version = 1
+		}
 		goplugin.Serve(&goplugin.ServeConfig{
 			HandshakeConfig:  sdk.Handshake,
-			VersionedPlugins: map[int]goplugin.PluginSet{99: {sdk.PluginKey: &sdk.GRPCPlugin{Impl: p}}},
-			GRPCServer:       goplugin.DefaultGRPCServer,
-		})
-		return
-	case "v1":
-		// A plugin built with an SDK of protocol version 1.
-		goplugin.Serve(&goplugin.ServeConfig{
-			HandshakeConfig:  sdk.Handshake,
-			VersionedPlugins: map[int]goplugin.PluginSet{1: {sdk.PluginKey: &sdk.GRPCPlugin{Impl: p}}},
+			VersionedPlugins: map[int]goplugin.PluginSet{version: {sdk.PluginKey: &sdk.GRPCPlugin{Impl: p}}},
 			GRPCServer:       goplugin.DefaultGRPCServer,
 		})
 		return
