@@ -363,10 +363,13 @@ func TestTransientLifetime(t *testing.T) {
 	if _, err := c.Put(bg, "_replicator", "live", json.RawMessage(live)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the persistent one to run", func() bool {
-		var v struct{ State string }
+	eventually(t, "the persistent one to run with its claim", func() bool {
+		var v struct {
+			State string
+			ID    *string `json:"id"`
+		}
 		n.call("GET", "/_scheduler/docs/_replicator/live", "", true, &v)
-		return v.State == "running"
+		return v.State == "running" && v.ID != nil
 	})
 	var started struct {
 		JobID string `json:"job_id"`
