@@ -171,26 +171,29 @@ func (n *Node) caller(r *http.Request) (string, bool) {
 	return user, true
 }
 
-// jobView is a job as the caller may see it: the type's private fields
-// (credentials, say) only for admins.
-func (n *Node) jobView(r *http.Request, in jobs.Info) JobJSON {
-	j := jobJSON(in)
-	private := n.privateFields(in.Type)
-	if len(private) == 0 || len(j.Data) == 0 {
-		return j
+// viewer returns how the caller of r may see jobs of a type: the type's
+// private fields (credentials, say) only for admins. It checks the caller
+// once, for a whole list.
+func (n *Node) viewer(r *http.Request, typ string) func(jobs.Info) JobJSON {
+	private := n.privateFields(typ)
+	if len(private) == 0 {
+		return jobJSON
 	}
 	if _, admin := n.caller(r); admin {
+		return jobJSON
+	}
+	return func(in jobs.Info) JobJSON {
+		j := jobJSON(in)
+		var obj map[string]json.RawMessage
+		if len(j.Data) == 0 || json.Unmarshal(j.Data, &obj) != nil {
+			return j
+		}
+		for _, f := range private {
+			delete(obj, f)
+		}
+		j.Data, _ = json.Marshal(obj)
 		return j
 	}
-	var obj map[string]json.RawMessage
-	if json.Unmarshal(j.Data, &obj) != nil {
-		return j
-	}
-	for _, f := range private {
-		delete(obj, f)
-	}
-	j.Data, _ = json.Marshal(obj)
-	return j
 }
 
 var dummyHash, _ = bcrypt.GenerateFromPassword([]byte("couchjobs"), bcrypt.MinCost)
@@ -297,8 +300,9 @@ func (n *Node) listJobs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := make([]JobJSON, len(infos))
+	view := n.viewer(r, r.PathValue("type"))
 	for i, in := range infos {
-		out[i] = n.jobView(r, in)
+		out[i] = view(in)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"jobs": out, "next": next})
 }
@@ -332,7 +336,7 @@ func (n *Node) getJob(w http.ResponseWriter, r *http.Request) {
 		writeJobError(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, n.jobView(r, in))
+	writeJSON(w, http.StatusOK, n.viewer(r, in.Type)(in))
 }
 
 func (n *Node) removeJob(w http.ResponseWriter, r *http.Request) {
@@ -413,11 +417,11 @@ func (n *Node) waitJob(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 		if ev, err = sub.Next(ctx); err != nil {
-			writeJSON(w, http.StatusOK, map[string]any{"job": n.jobView(r, sub.Latest().Info), "version": fmt.Sprintf("%x", sub.Latest().Info.Version.Bytes()), "timeout": true})
+			writeJSON(w, http.StatusOK, map[string]any{"job": n.viewer(r, r.PathValue("type"))(sub.Latest().Info), "version": fmt.Sprintf("%x", sub.Latest().Info.Version.Bytes()), "timeout": true})
 			return
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"job": n.jobView(r, ev.Info), "version": fmt.Sprintf("%x", ev.Info.Version.Bytes())})
+	writeJSON(w, http.StatusOK, map[string]any{"job": n.viewer(r, r.PathValue("type"))(ev.Info), "version": fmt.Sprintf("%x", ev.Info.Version.Bytes())})
 }
 
 // metricsScanLimit bounds the jobs /metrics counts per type, to keep a
