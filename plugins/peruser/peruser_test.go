@@ -42,7 +42,16 @@ func start(t *testing.T, cfg map[string]any) *env {
 	} else if err := c.CreateDB(ctx, auth, 0); err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, auth: auth, srv: srv, c: c, h: sdktest.New(t, peruser.New(), conf)}
+	e := &env{t: t, auth: auth, srv: srv, c: c, h: sdktest.New(t, peruser.New(), conf)}
+	// The watcher follows the feed from where it stood when it started:
+	// wait for it to have started (its first reconciliation recorded), so
+	// that every change the test makes comes after.
+	e.eventually("the watcher to start", func() bool {
+		info, err := e.h.Jobs().Get(ctx, peruser.TypeName, "local")
+		var st peruser.State
+		return err == nil && json.Unmarshal(info.Data, &st) == nil && st.ReconciledAt != nil && len(st.Since) > 0
+	})
+	return e
 }
 
 func (e *env) putUser(name string, roles ...string) {
