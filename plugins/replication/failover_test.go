@@ -98,8 +98,9 @@ func TestKilledNodeFailover(t *testing.T) {
 	if n := same(t, c, c, "src", "tgt"); n != docs+60 {
 		t.Fatalf("%d revisions", n)
 	}
-	// Three sessions at least, each after the first resuming from a
-	// checkpoint.
+	// The session that finished (on node b) resumed from a checkpoint,
+	// as did every session after the first that recorded one. (A run cut
+	// short before its first checkpoint leaves no entry.)
 	body, _ := json.Marshal(map[string]any{"source": dbURL(srv, "src"), "target": dbURL(srv, "tgt"), "create_target": true})
 	spec, err := replication.Parse(body)
 	if err != nil {
@@ -111,7 +112,7 @@ func TestKilledNodeFailover(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d sessions", len(cp.History))
-	if len(cp.History) < 3 {
+	if len(cp.History) < 2 {
 		t.Fatalf("%d sessions in the checkpoint history: %+v", len(cp.History), cp.History)
 	}
 	for _, h := range cp.History[:len(cp.History)-1] {
