@@ -689,6 +689,3 @@ func (r *Replication) result(endSeq json.RawMessage) *Result {
 	}
 	return res
 }
-
-// RepID is the session's replication id, once Run has computed it.
-func (r *Replication) RepID() string { return r.repID }
