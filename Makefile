@@ -24,6 +24,7 @@ plugins:
 	$(GO) build -o $(BIN)/plugins/couchjobs-shell ./plugins/shell/cmd/couchjobs-shell
 	$(GO) build -o $(BIN)/plugins/couchjobs-peruser ./plugins/peruser/cmd/couchjobs-peruser
 	$(GO) build -o $(BIN)/plugins/couchjobs-replication ./plugins/replication/cmd/couchjobs-replication
+	$(GO) build -o $(BIN)/plugins/couchjobs-indexing ./plugins/indexing/cmd/couchjobs-indexing
 	$(GO) build -o $(BIN)/plugins/couchjobs-wordcount ./examples/wordcount
 
 # The FoundationDB backend needs cgo and libfdb_c (docs/FOUNDATIONDB.md).

@@ -1,9 +1,11 @@
 package host
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 
@@ -32,6 +34,9 @@ func (p *plugin) buildRoutes(desc *pluginv1.DescribeResponse) (mux *http.ServeMu
 			continue
 		}
 		for _, r := range desc.Routes {
+			if slices.Contains(mergedRoutes, r.Pattern) {
+				continue
+			}
 			if slices.ContainsFunc(od.Routes, func(o *pluginv1.Route) bool { return o.Pattern == r.Pattern }) {
 				return nil, permanent("plugin %s: route %q is plugin %s's too", p.name, r.Pattern, other.name)
 			}
@@ -49,8 +54,14 @@ func (p *plugin) buildRoutes(desc *pluginv1.DescribeResponse) (mux *http.ServeMu
 	return mux, nil
 }
 
+// mergedRoutes are routes several plugins may serve at once: each
+// answers with a JSON array, and the node answers with all of them
+// (CouchDB's _active_tasks lists replications and index builds alike).
+var mergedRoutes = []string{"GET /_active_tasks"}
+
 // pluginRoute serves a request through the plugin route that matches it.
 func (n *Node) pluginRoute(w http.ResponseWriter, r *http.Request) {
+	var merged []http.Handler
 	for _, p := range n.plugins {
 		p.mu.Lock()
 		mux := p.routes
@@ -59,11 +70,48 @@ func (n *Node) pluginRoute(w http.ResponseWriter, r *http.Request) {
 			continue
 		}
 		if h, pattern := mux.Handler(r); pattern != "" {
+			if slices.Contains(mergedRoutes, pattern) {
+				merged = append(merged, h)
+				continue
+			}
 			h.ServeHTTP(w, r)
 			return
 		}
 	}
+	if len(merged) > 0 {
+		n.mergeRoute(w, r, merged)
+		return
+	}
 	writeError(w, http.StatusNotFound, "not_found", fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
+}
+
+// mergeRoute concatenates the JSON arrays the plugins answer; a plugin
+// that fails is left out (and logged) rather than failing the list.
+func (n *Node) mergeRoute(w http.ResponseWriter, r *http.Request, hs []http.Handler) {
+	all := []json.RawMessage{}
+	for _, h := range hs {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r.Clone(r.Context()))
+		var part []json.RawMessage
+		if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &part) != nil {
+			if rec.Code == http.StatusUnauthorized {
+				copyResponse(w, rec)
+				return
+			}
+			n.log.Warn("a plugin's part of a merged route failed", "path", r.URL.Path, "status", rec.Code)
+			continue
+		}
+		all = append(all, part...)
+	}
+	writeJSON(w, http.StatusOK, all)
+}
+
+func copyResponse(w http.ResponseWriter, rec *httptest.ResponseRecorder) {
+	for k, v := range rec.Header() {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(rec.Code)
+	w.Write(rec.Body.Bytes())
 }
 
 // forward sends a request to the plugin and its answer back.

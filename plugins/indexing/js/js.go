@@ -58,43 +58,35 @@ type Row struct {
 	Key, Value json.RawMessage
 }
 
-// Map is a compiled map function. It is not safe for concurrent use: run
-// one Map per goroutine.
-type Map struct {
+// engine is one goja runtime with CouchDB's environment and the limits.
+type engine struct {
 	vm        *goja.Runtime
-	fn        goja.Callable
 	parse     goja.Callable
 	stringify goja.Callable
 	limits    Limits
-	rows      []Row
-	bytes     int
-	overflow  bool
 }
 
-// CompileMap compiles a map function's source ("function(doc) { ... }").
-// Calls of log(message) go to logf.
-func CompileMap(src string, l Limits, logf func(msg string)) (*Map, error) {
-	m := &Map{vm: goja.New(), limits: l.withDefaults()}
-	m.vm.SetFieldNameMapper(goja.TagFieldNameMapper("json", true))
-	json := m.vm.Get("JSON").ToObject(m.vm)
+func newEngine(l Limits, logf func(msg string), emit func(key, value goja.Value)) (*engine, error) {
+	e := &engine{vm: goja.New(), limits: l.withDefaults()}
+	e.vm.SetFieldNameMapper(goja.TagFieldNameMapper("json", true))
+	json := e.vm.Get("JSON").ToObject(e.vm)
 	var ok bool
-	if m.parse, ok = goja.AssertFunction(json.Get("parse")); !ok {
+	if e.parse, ok = goja.AssertFunction(json.Get("parse")); !ok {
 		return nil, errors.New("js: no JSON.parse")
 	}
-	if m.stringify, ok = goja.AssertFunction(json.Get("stringify")); !ok {
+	if e.stringify, ok = goja.AssertFunction(json.Get("stringify")); !ok {
 		return nil, errors.New("js: no JSON.stringify")
 	}
 	if logf == nil {
 		logf = func(string) {}
 	}
 	env := map[string]any{
-		"emit": m.emit,
 		"log": func(v goja.Value) {
 			if s, ok := v.Export().(string); ok {
 				logf(s)
 				return
 			}
-			logf(m.toJSON(v))
+			logf(e.toJSON(v))
 		},
 		"sum": func(vals []float64) float64 {
 			var t float64
@@ -103,36 +95,91 @@ func CompileMap(src string, l Limits, logf func(msg string)) (*Map, error) {
 			}
 			return t
 		},
-		"toJSON": func(v goja.Value) string { return m.toJSON(v) },
+		"toJSON": func(v goja.Value) string { return e.toJSON(v) },
+	}
+	if emit != nil {
+		env["emit"] = emit
 	}
 	for name, fn := range env {
-		if err := m.vm.Set(name, fn); err != nil {
+		if err := e.vm.Set(name, fn); err != nil {
 			return nil, err
 		}
 	}
-	if _, err := m.vm.RunString(`var isArray = Array.isArray;`); err != nil {
+	if _, err := e.vm.RunString(`var isArray = Array.isArray;`); err != nil {
 		return nil, err
 	}
-	v, err := m.run(func() (goja.Value, error) { return m.vm.RunString("(" + src + "\n)") })
+	return e, nil
+}
+
+// compile evaluates a function's source.
+func (e *engine) compile(src string) (goja.Callable, error) {
+	v, err := e.run(func() (goja.Value, error) { return e.vm.RunString("(" + src + "\n)") })
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrCompile, err)
 	}
-	if m.fn, ok = goja.AssertFunction(v); !ok {
+	fn, ok := goja.AssertFunction(v)
+	if !ok {
 		return nil, fmt.Errorf("%w: it is a %s", ErrCompile, v.ExportType())
 	}
-	return m, nil
+	return fn, nil
 }
 
 // toJSON is JSON.stringify, with undefined as null.
-func (m *Map) toJSON(v goja.Value) string {
+func (e *engine) toJSON(v goja.Value) string {
 	if v == nil || goja.IsUndefined(v) {
 		return "null"
 	}
-	s, err := m.stringify(goja.Undefined(), v)
+	s, err := e.stringify(goja.Undefined(), v)
 	if err != nil || goja.IsUndefined(s) {
 		return "null"
 	}
 	return s.String()
+}
+
+// fromJSON parses a JSON text into a JavaScript value.
+func (e *engine) fromJSON(raw []byte) (goja.Value, error) {
+	return e.parse(goja.Undefined(), e.vm.ToValue(string(raw)))
+}
+
+// run calls f under the timeout.
+func (e *engine) run(f func() (goja.Value, error)) (goja.Value, error) {
+	t := time.AfterFunc(e.limits.Timeout, func() { e.vm.Interrupt(ErrTimeout) })
+	defer t.Stop()
+	v, err := f()
+	e.vm.ClearInterrupt()
+	var ie *goja.InterruptedError
+	if errors.As(err, &ie) {
+		if cause, ok := ie.Value().(error); ok {
+			return nil, cause
+		}
+		return nil, ErrTimeout
+	}
+	return v, err
+}
+
+// Map is a compiled map function. It is not safe for concurrent use: run
+// one Map per goroutine.
+type Map struct {
+	*engine
+	fn       goja.Callable
+	rows     []Row
+	bytes    int
+	overflow bool
+}
+
+// CompileMap compiles a map function's source ("function(doc) { ... }").
+// Calls of log(message) go to logf.
+func CompileMap(src string, l Limits, logf func(msg string)) (*Map, error) {
+	m := &Map{}
+	e, err := newEngine(l, logf, m.emit)
+	if err != nil {
+		return nil, err
+	}
+	m.engine = e
+	if m.fn, err = e.compile(src); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
 func (m *Map) emit(key, value goja.Value) {
@@ -149,22 +196,6 @@ func (m *Map) emit(key, value goja.Value) {
 	m.rows = append(m.rows, Row{Key: json.RawMessage(k), Value: json.RawMessage(v)})
 }
 
-// run calls f under the timeout.
-func (m *Map) run(f func() (goja.Value, error)) (goja.Value, error) {
-	t := time.AfterFunc(m.limits.Timeout, func() { m.vm.Interrupt(ErrTimeout) })
-	defer t.Stop()
-	v, err := f()
-	m.vm.ClearInterrupt()
-	var ie *goja.InterruptedError
-	if errors.As(err, &ie) {
-		if cause, ok := ie.Value().(error); ok {
-			return nil, cause
-		}
-		return nil, ErrTimeout
-	}
-	return v, err
-}
-
 // Run calls the map function on one document (a JSON object) and returns
 // what it emitted, in order.
 func (m *Map) Run(doc []byte) ([]Row, error) {
@@ -173,7 +204,7 @@ func (m *Map) Run(doc []byte) ([]Row, error) {
 		return nil, ErrBadDoc
 	}
 	_, err := m.run(func() (goja.Value, error) {
-		obj, err := m.parse(goja.Undefined(), m.vm.ToValue(string(doc)))
+		obj, err := m.fromJSON(doc)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrBadDoc, err)
 		}
@@ -183,6 +214,55 @@ func (m *Map) Run(doc []byte) ([]Row, error) {
 	case err == nil:
 		return m.rows, nil
 	case errors.Is(err, ErrTimeout), errors.Is(err, ErrTooLarge), errors.Is(err, ErrBadDoc):
+		return nil, err
+	}
+	return nil, fmt.Errorf("%w: %v", ErrThrew, err)
+}
+
+// Reduce is a compiled JavaScript reduce function,
+// function(keys, values, rereduce). Like Map it is not safe for
+// concurrent use.
+type Reduce struct {
+	*engine
+	fn goja.Callable
+}
+
+// CompileReduce compiles a reduce function's source.
+func CompileReduce(src string, l Limits, logf func(msg string)) (*Reduce, error) {
+	e, err := newEngine(l, logf, nil)
+	if err != nil {
+		return nil, err
+	}
+	r := &Reduce{engine: e}
+	if r.fn, err = e.compile(src); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// Run calls the function. keys is a JSON array of [key, docid] pairs, or
+// nil for a rereduce (then values are earlier results); values is a JSON
+// array. It returns the result as JSON.
+func (r *Reduce) Run(keys, values []byte, rereduce bool) (json.RawMessage, error) {
+	out, err := r.run(func() (goja.Value, error) {
+		k := goja.Null()
+		if keys != nil {
+			v, err := r.fromJSON(keys)
+			if err != nil {
+				return nil, err
+			}
+			k = v
+		}
+		vs, err := r.fromJSON(values)
+		if err != nil {
+			return nil, err
+		}
+		return r.fn(goja.Undefined(), k, vs, r.vm.ToValue(rereduce))
+	})
+	switch {
+	case err == nil:
+		return json.RawMessage(r.toJSON(out)), nil
+	case errors.Is(err, ErrTimeout):
 		return nil, err
 	}
 	return nil, fmt.Errorf("%w: %v", ErrThrew, err)

@@ -116,3 +116,37 @@ func BenchmarkMap(b *testing.B) {
 		}
 	}
 }
+
+func TestReduce(t *testing.T) {
+	t.Parallel()
+	r, err := js.CompileReduce(`function(keys, values, rereduce) {
+		if (rereduce) return sum(values);
+		var n = 0;
+		for (var i = 0; i < keys.length; i++) n += keys[i][1].length * values[i];
+		return n;
+	}`, js.Limits{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := r.Run([]byte(`[[1,"ab"],[2,"abc"]]`), []byte(`[1,2]`), false)
+	if err != nil || string(got) != "8" {
+		t.Errorf("reduce: %s %v", got, err)
+	}
+	if got, err = r.Run(nil, []byte(`[8,4]`), true); err != nil || string(got) != "12" {
+		t.Errorf("rereduce: %s %v", got, err)
+	}
+	thrower, err := js.CompileReduce(`function(k, v, re) { throw "no"; }`, js.Limits{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := thrower.Run(nil, []byte(`[1]`), true); !errors.Is(err, js.ErrThrew) {
+		t.Errorf("throw: %v", err)
+	}
+	loop, err := js.CompileReduce(`function(k, v, re) { for (;;) {} }`, js.Limits{Timeout: 50 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loop.Run(nil, []byte(`[1]`), true); !errors.Is(err, js.ErrTimeout) {
+		t.Errorf("loop: %v", err)
+	}
+}

@@ -408,3 +408,25 @@ func (c *Client) DBInfo(ctx context.Context, db string) (DBInfo, error) {
 	var i DBInfo
 	return i, c.do(ctx, "GET", c.path(db), nil, nil, &i)
 }
+
+// DocsByID reads the current bodies of documents by id (POST _all_docs
+// with keys): a missing or deleted document maps to nil.
+func (c *Client) DocsByID(ctx context.Context, db string, ids []string) (map[string]json.RawMessage, error) {
+	out := make(map[string]json.RawMessage, len(ids))
+	if len(ids) == 0 {
+		return out, nil
+	}
+	var r struct{ Rows []Row }
+	q := url.Values{"include_docs": {"true"}}
+	if err := c.do(ctx, "POST", c.path(db, "_all_docs"), q, map[string]any{"keys": ids}, &r); err != nil {
+		return nil, err
+	}
+	for _, row := range r.Rows {
+		if len(row.Doc) == 0 || string(row.Doc) == "null" {
+			out[row.ID] = nil
+			continue
+		}
+		out[row.ID] = row.Doc
+	}
+	return out, nil
+}
