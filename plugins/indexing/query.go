@@ -368,7 +368,11 @@ func mapQuery(ctx context.Context, rd storeReader, v view, q *viewQuery, spans [
 		if q.limit >= 0 && len(rows) >= q.limit {
 			break
 		}
-		err := rd.each(ctx, v.num, 0, s.lo, s.hi, q.descending, func(e entry) (bool, error) {
+		page := 0
+		if q.limit >= 0 {
+			page = min(skip+q.limit-len(rows)+1, maxPage)
+		}
+		err := rd.each(ctx, v.num, 0, s.lo, s.hi, q.descending, page, func(e entry) (bool, error) {
 			if skip > 0 {
 				skip--
 				return true, nil
@@ -491,6 +495,9 @@ func groupOf(key json.RawMessage, level int) (json.RawMessage, []byte, error) {
 	return key, ck, err
 }
 
+// maxPage is the most entries the host returns per read.
+const maxPage = 10_000
+
 // groupPage is how many rows eachGroup reads at a time; a group that
 // runs past a page is reduced through the tree instead.
 const groupPage = 1000
@@ -500,7 +507,7 @@ func eachGroup(ctx context.Context, rd storeReader, v view, s span, reverse bool
 	lo, hi := s.lo, s.hi
 	for {
 		var page []row
-		err := rd.each(ctx, v.num, 0, lo, hi, reverse, func(e entry) (bool, error) {
+		err := rd.each(ctx, v.num, 0, lo, hi, reverse, groupPage, func(e entry) (bool, error) {
 			r, err := decodeRow(e.k, e.v)
 			page = append(page, r)
 			return len(page) < groupPage, err

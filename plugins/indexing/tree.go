@@ -41,7 +41,7 @@ type storeReader struct {
 // scan reads a whole range, page by page.
 func (s storeReader) scan(ctx context.Context, view, level int, lo, hi []byte) ([]entry, error) {
 	var out []entry
-	err := s.each(ctx, view, level, lo, hi, false, func(e entry) (bool, error) {
+	err := s.each(ctx, view, level, lo, hi, false, 0, func(e entry) (bool, error) {
 		out = append(out, e)
 		return true, nil
 	})
@@ -49,8 +49,9 @@ func (s storeReader) scan(ctx context.Context, view, level int, lo, hi []byte) (
 }
 
 // each calls fn with the entries of [lo, hi) in order (reverse:
-// descending) until fn says stop.
-func (s storeReader) each(ctx context.Context, view, level int, lo, hi []byte, reverse bool, fn func(entry) (bool, error)) error {
+// descending) until fn says stop, reading page entries at a time (0: the
+// host's maximum).
+func (s storeReader) each(ctx context.Context, view, level int, lo, hi []byte, reverse bool, page int, fn func(entry) (bool, error)) error {
 	prefix := s.ix.level(view, level)
 	begin := append(bytes.Clone(prefix), lo...)
 	end := strinc(prefix)
@@ -58,7 +59,7 @@ func (s storeReader) each(ctx context.Context, view, level int, lo, hi []byte, r
 		end = append(bytes.Clone(prefix), hi...)
 	}
 	for bytes.Compare(begin, end) < 0 {
-		kvs, err := s.host.Range(ctx, begin, end, 0, reverse)
+		kvs, err := s.host.Range(ctx, begin, end, page, reverse)
 		if err != nil {
 			return fmt.Errorf("read the index: %w", err)
 		}
