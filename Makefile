@@ -45,10 +45,11 @@ test-race:
 # Slow suites: the race detector over everything, a short fuzzing pass over
 # every decoder, the conformance suite on the second SQLite driver, the
 # full 10,000-job, three-process test of the job layer, and host processes
-# killed with SIGKILL (the shell plugin's on_lost policies among them, and
-# replications resuming from their checkpoints).
+# killed with SIGKILL (the shell plugin's on_lost policies among them,
+# replications resuming from their checkpoints, and index builds from
+# view_seq).
 test-slow: test-race fuzz
-	$(GO) test -count=1 -run 'Modernc|ManyProcesses|KilledHost|KilledNode' ./runtime/kv/sqlitekv ./runtime/jobs ./host/cmd/couchjobs ./plugins/shell ./plugins/peruser ./plugins/replication
+	$(GO) test -count=1 -run 'Modernc|ManyProcesses|KilledHost|KilledNode' ./runtime/kv/sqlitekv ./runtime/jobs ./host/cmd/couchjobs ./plugins/shell ./plugins/peruser ./plugins/replication ./plugins/indexing
 
 # The conformance suite and tuple compatibility against a real cluster.
 test-fdb:
@@ -98,6 +99,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzFeeds -fuzztime $(FUZZTIME) ./plugins/internal/couch
 	$(GO) test -run '^$$' -fuzz FuzzOpenRevsMultipart -fuzztime $(FUZZTIME) ./plugins/internal/couch
 	$(GO) test -run '^$$' -fuzz FuzzKey -fuzztime $(FUZZTIME) ./plugins/indexing/collate
+	$(GO) test -run '^$$' -fuzz FuzzQuery -fuzztime $(FUZZTIME) ./plugins/indexing
+	$(GO) test -run '^$$' -fuzz FuzzDesign -fuzztime $(FUZZTIME) ./plugins/indexing
+	$(GO) test -run '^$$' -fuzz FuzzEntries -fuzztime $(FUZZTIME) ./plugins/indexing
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

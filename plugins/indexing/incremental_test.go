@@ -244,3 +244,5 @@ func TestRunaway(t *testing.T) {
 		t.Errorf("ok: %v", got)
 	}
 }
+
+var jobsListAll = jobs.ListOptions{}

@@ -186,6 +186,9 @@ func (n *Node) pluginRunning(plugin string) bool {
 	return false
 }
 
+// URL is the base URL of the node's HTTP API.
+func (n *Node) URL() string { return n.api }
+
 // Kill kills the node with SIGKILL, as a crash would, and waits for it.
 func (n *Node) Kill() {
 	n.cmd.Process.Signal(syscall.SIGKILL)
