@@ -48,6 +48,8 @@ type marker struct {
 	Batch int64           `json:"batch"`
 	// Rows counts each view's rows (total_rows).
 	Rows []int64 `json:"rows"`
+	// Error is why the index stopped (IndexData.Error), for queries.
+	Error string `json:"error,omitempty"`
 }
 
 func readMarker(ctx context.Context, h *sdk.Host, ix index) (marker, bool, error) {
@@ -193,8 +195,13 @@ func (p *plugin) build(ctx context.Context, job *sdk.Job) error {
 	}
 	switch {
 	case errors.Is(err, errRunaway):
-		b.data.Error = err.Error()
-		b.job.SetResult(b.data)
+		// Record the error where queries look, then fail: every later
+		// run would stop the same way.
+		b.data.Error, b.mark.Error = err.Error(), err.Error()
+		mb, _ := json.Marshal(b.mark)
+		if uerr := b.job.Update(ctx, sdk.Update{Data: b.data, Writes: []sdk.Write{sdk.Set(b.ix.marker(), mb)}}); uerr != nil {
+			return uerr
+		}
 		log.Error("index stopped", "error", err)
 		return sdk.Fail(err)
 	case err != nil:

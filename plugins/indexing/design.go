@@ -137,6 +137,8 @@ type view struct {
 	num  int
 	def  ViewDef
 	red  reducer
+	// rows is the view's row count when a query reads it (-1: unknown).
+	rows int64
 }
 
 // views compiles the reducers of a valid design.
@@ -148,7 +150,7 @@ func (d Design) views(limits js.Limits) ([]view, error) {
 		if err != nil {
 			return nil, fmt.Errorf("view %q: %w", n, err)
 		}
-		out[i] = view{name: n, num: i, def: d.Views[n], red: r}
+		out[i] = view{name: n, num: i, def: d.Views[n], red: r, rows: -1}
 	}
 	return out, nil
 }

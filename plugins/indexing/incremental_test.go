@@ -161,7 +161,7 @@ func TestDesignChanges(t *testing.T) {
 		docs = append(docs, fmt.Sprintf(`{"_id":"d%05d","n":%d}`, i, i))
 	}
 	bulk(t, c, "db", true, docs...)
-	n := startNode(t, s, map[string]any{"batch_docs": 100, "query_timeout": "1s"}, "db")
+	n := startNode(t, s, map[string]any{"batch_docs": 100, "query_timeout": "2s"}, "db")
 	v1 := map[string]any{"views": map[string]any{"v": map[string]any{"map": `function(doc) { emit(doc.n, 1); }`, "reduce": "_sum"}}}
 	rev := put(t, c, "db", "_design/d", v1)
 	// The watcher starts a build; change the document while it runs.
@@ -180,10 +180,21 @@ func TestDesignChanges(t *testing.T) {
 	v1["_rev"] = rev
 	v1["views"] = map[string]any{"v": map[string]any{"map": `function(doc) { emit(doc.n % 10, 2); }`, "reduce": "_sum"}}
 	rev = put(t, c, "db", "_design/d", v1)
-	st, out := get(t, "GET", n.api.URL, "/db/_design/d/_view/v?group=true&limit=2", "")
+	// A query waits for the new index up to the (short) query timeout;
+	// on a loaded machine it may take a few.
 	want := `{"rows":[{"key":0,"value":600},{"key":1,"value":600}]}`
-	if b, _ := json.Marshal(out); st != 200 || string(b) != want {
-		t.Errorf("after the change: %d %s; want %s", st, b, want)
+	var last string
+	eventually(t, "a query of the new index", func() bool {
+		st, out := get(t, "GET", n.api.URL, "/db/_design/d/_view/v?group=true&limit=2", "")
+		b, _ := json.Marshal(out)
+		last = fmt.Sprint(st, " ", string(b))
+		if st != 200 && st != 504 {
+			t.Fatalf("after the change: %s", last)
+		}
+		return st == 200
+	})
+	if last != "200 "+want {
+		t.Errorf("after the change: %s; want %s", last, want)
 	}
 	old := info.Design.Sig
 	eventually(t, "the old index to be deleted", func() bool {
@@ -191,7 +202,7 @@ func TestDesignChanges(t *testing.T) {
 		return err != nil && n.h.Get(indexing.MarkerKey("local", "db", old)) == nil
 	})
 	// Removing the design document removes its index.
-	_, out = get(t, "GET", n.api.URL, "/db/_design/d/_view/v", "")
+	_, out := get(t, "GET", n.api.URL, "/db/_design/d/_view/v", "")
 	if b, _ := json.Marshal(out); !strings.Contains(string(b), `"value":6000`) {
 		t.Errorf("reduce: %s", b)
 	}

@@ -13,6 +13,9 @@ import (
 	"strings"
 	"sync"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/couchjobs/couchjobs/plugins/indexing/collate"
 	"github.com/couchjobs/couchjobs/plugins/internal/couch"
 	"github.com/couchjobs/couchjobs/sdk"
@@ -49,9 +52,6 @@ func writeErr(w http.ResponseWriter, err error) {
 	var he *httpError
 	if !errors.As(err, &he) {
 		he = &httpError{http.StatusInternalServerError, "internal_error", err.Error()}
-		if errors.Is(err, context.DeadlineExceeded) {
-			he = &httpError{http.StatusGatewayTimeout, "timeout", "the index was not up to date within query_timeout"}
-		}
 	}
 	writeJSON(w, he.status, map[string]string{"error": he.error, "reason": he.reason})
 }
@@ -263,6 +263,9 @@ func (q *viewQuery) spans() ([]span, error) {
 // serveView answers GET and POST /{db}/_design/{ddoc}/_view/{view}.
 func (p *plugin) serveView(w http.ResponseWriter, r *http.Request) {
 	out, err := p.queryView(r)
+	if err != nil && r.Context().Err() == nil && (errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded) {
+		err = &httpError{http.StatusGatewayTimeout, "timeout", fmt.Sprintf("no answer within query_timeout (%v): the index is still being built", p.cfg.query)}
+	}
 	if err != nil {
 		writeErr(w, err)
 		return
@@ -333,6 +336,10 @@ func (p *plugin) queryView(r *http.Request) (any, error) {
 			return nil, err
 		}
 		rd := storeReader{host: p.host, ix: ix}
+		v.rows = -1
+		if v.num < len(before.Rows) {
+			v.rows = before.Rows[v.num]
+		}
 		if reduce {
 			out, err = reduceQuery(ctx, rd, v, q, spans)
 		} else {
@@ -395,7 +402,7 @@ func mapQuery(ctx context.Context, rd storeReader, v view, q *viewQuery, spans [
 	out := map[string]any{"total_rows": total, "rows": rows}
 	if !q.hasKeys {
 		// offset: the rows before the first one returned.
-		counter := view{num: v.num}
+		counter := view{num: v.num, rows: v.rows}
 		var before uint64
 		if !q.descending && spans[0].lo != nil {
 			p, err := aggregate(ctx, rd, counter, nil, spans[0].lo)
@@ -477,59 +484,91 @@ func reduceQuery(ctx context.Context, rd storeReader, v view, q *viewQuery, span
 // exactGroup is group=true: every distinct key is a group.
 const exactGroup = 1 << 30
 
-// groupOf is a row key's group at a level: its JSON key and the prefix
-// of the row keys in it.
-func groupOf(key json.RawMessage, level int) (json.RawMessage, []byte, error) {
-	if level != exactGroup {
-		var elems []json.RawMessage
-		if t := bytes.TrimSpace(key); len(t) > 0 && t[0] == '[' && json.Unmarshal(key, &elems) == nil && len(elems) >= level {
-			gk, _ := json.Marshal(elems[:level])
-			ck, err := collate.Key(gk)
-			if err != nil {
-				return nil, nil, err
-			}
-			return gk, ck[:len(ck)-1], nil // without the array's end: longer arrays too
-		}
+// groupOf is a row's group at a level: the prefix of the row keys in the
+// group, read from the row key without decoding it.
+func groupOf(rk []byte, level int) ([]byte, error) {
+	n := level
+	if level == exactGroup {
+		n = -1
 	}
-	ck, err := collate.Key(key)
-	return key, ck, err
+	value, elems, err := collate.Prefix(rk, n)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errCorrupt, err)
+	}
+	if elems >= 0 {
+		return rk[:elems], nil // without the array's end: longer arrays too
+	}
+	return rk[:value], nil
+}
+
+// groupKey is the key a group's row shows: the row's key, or an array
+// key's first elements.
+func groupKey(key json.RawMessage, level int) json.RawMessage {
+	if level == exactGroup {
+		return key
+	}
+	var elems []json.RawMessage
+	if t := bytes.TrimSpace(key); len(t) > 0 && t[0] == '[' && json.Unmarshal(key, &elems) == nil && len(elems) > level {
+		gk, _ := json.Marshal(elems[:level])
+		return gk
+	}
+	return key
 }
 
 // maxPage is the most entries the host returns per read.
 const maxPage = 10_000
 
-// groupPage is how many rows eachGroup reads at a time; a group that
-// runs past a page is reduced through the tree instead.
-const groupPage = 1000
+// eachGroup reads pages of minGroupPage to maxGroupPage rows; a group
+// that runs past a page is reduced through the tree instead.
+const (
+	minGroupPage = 256
+	maxGroupPage = 2000
+)
 
 // eachGroup calls fn with each group's key and partial, in order.
 func eachGroup(ctx context.Context, rd storeReader, v view, s span, reverse bool, level int, fn func(json.RawMessage, partial) (bool, error)) error {
 	lo, hi := s.lo, s.hi
+	// Pages grow while groups fit in them, and start small again after a
+	// group that did not: large groups cost a read of a few rows and a
+	// descent of the tree, small ones a share of a page.
+	size := minGroupPage
 	for {
 		var page []row
-		err := rd.each(ctx, v.num, 0, lo, hi, reverse, groupPage, func(e entry) (bool, error) {
+		err := rd.each(ctx, v.num, 0, lo, hi, reverse, size, func(e entry) (bool, error) {
 			r, err := decodeRow(e.k, e.v)
 			page = append(page, r)
-			return len(page) < groupPage, err
+			return len(page) < size, err
 		})
 		if err != nil || len(page) == 0 {
 			return err
 		}
-		full := len(page) == groupPage
+		full := len(page) == size
+		size = min(size*2, maxGroupPage)
 		for i := 0; i < len(page); {
-			gk, gp, err := groupOf(page[i].key, level)
+			gp, err := groupOf(page[i].rk, level)
 			if err != nil {
 				return err
 			}
+			gk := groupKey(page[i].key, level)
 			j := i + 1
 			for ; j < len(page); j++ {
 				if !bytes.HasPrefix(page[j].rk, gp) {
 					break
 				}
 			}
+			if j == len(page) && full && i > 0 {
+				// The group may go on past the page: read it whole with
+				// the next (larger) page.
+				if reverse {
+					hi = append(bytes.Clone(page[i].rk), 0)
+				} else {
+					lo = page[i].rk
+				}
+				break
+			}
 			if j == len(page) && full {
-				// The group may go on past the page: reduce it through the
-				// tree, and go on after it.
+				// The group fills a page and may go on: reduce it through
+				// the tree, and go on after it.
 				glo, ghi := gp, strinc(gp)
 				if lo != nil && bytes.Compare(glo, lo) < 0 {
 					glo = lo
@@ -549,6 +588,7 @@ func eachGroup(ctx context.Context, rd storeReader, v view, s span, reverse bool
 				} else {
 					lo = ghi
 				}
+				size = minGroupPage
 				break
 			}
 			if more, err := fn(gk, reduceRows(v.red, page[i:j])); err != nil || !more {
@@ -670,31 +710,23 @@ func checkDesign(d Design) (Design, error) {
 func (p *plugin) freshen(ctx context.Context, db Database, d Design, ix index, mode string) error {
 	id := indexID(db.Server, db.DB, d.Sig)
 	job := sdk.NewJob{Type: TypeIndex, ID: id, Data: IndexData{Server: db.Server, DB: db.DB, Design: d}, Group: db.Server + "/" + db.DB}
-	info, err := p.host.GetJob(ctx, TypeIndex, id)
-	switch {
-	case errors.Is(err, sdk.ErrNotFound):
-		if mode == "false" {
-			return nil
-		}
-		if err := ensureJob(ctx, p.host, job); err != nil {
-			return err
-		}
-	case err != nil:
+	m, found, err := readMarker(ctx, p.host, ix)
+	if err != nil {
 		return err
-	default:
-		if err := indexError(info); err != nil {
-			return err
-		}
+	}
+	if m.Error != "" {
+		return &httpError{http.StatusInternalServerError, "index_error", m.Error}
 	}
 	c := p.cfg.clients[db.Server]
 	switch mode {
 	case "false":
+		if !found {
+			// Never built: make sure a build comes (the watcher may not
+			// have seen the design document yet).
+			return ensureJob(ctx, p.host, job)
+		}
 		return nil
 	case "lazy":
-		m, _, err := readMarker(ctx, p.host, ix)
-		if err != nil {
-			return err
-		}
 		if fresh, err := upToDate(ctx, c, db.DB, m.Seq, nil); err != nil || fresh {
 			return err
 		}
@@ -705,10 +737,6 @@ func (p *plugin) freshen(ctx context.Context, db Database, d Design, ix index, m
 		return fmt.Errorf("read %s: %w", db.DB, err)
 	}
 	for {
-		m, _, err := readMarker(ctx, p.host, ix)
-		if err != nil {
-			return err
-		}
 		if fresh, err := upToDate(ctx, c, db.DB, m.Seq, dbInfo.UpdateSeq); err != nil || fresh {
 			return err
 		}
@@ -730,6 +758,9 @@ func (p *plugin) freshen(ctx context.Context, db Database, d Design, ix index, m
 			return nil
 		})
 		if err != nil && !errors.Is(err, errMoved) {
+			return err
+		}
+		if m, _, err = readMarker(ctx, p.host, ix); err != nil {
 			return err
 		}
 	}

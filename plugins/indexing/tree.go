@@ -75,6 +75,9 @@ func (s storeReader) each(ctx context.Context, view, level int, lo, hi []byte, r
 				return err
 			}
 		}
+		if limit := page; len(kvs) < limit || (limit <= 0 && len(kvs) < maxPage) {
+			return nil // the host had no more
+		}
 		last := kvs[len(kvs)-1].Key
 		if reverse {
 			end = last
@@ -86,12 +89,26 @@ func (s storeReader) each(ctx context.Context, view, level int, lo, hi []byte, r
 }
 
 // aggregate is the partial of a view's rows in [lo, hi) (hi nil: to the
-// end), read from the top level down.
+// end), read from the top level down. The view's row count says which
+// levels can hold nodes at all (unknown: all of them).
 func aggregate(ctx context.Context, rd levelReader, v view, lo, hi []byte) (partial, error) {
-	return aggregateLevel(ctx, rd, v, maxLevel, lo, hi)
+	top := 1
+	if v.rows < 0 {
+		top = maxLevel
+	}
+	for n := v.rows >> fanoutBits; n > 0 && top < maxLevel; n >>= fanoutBits {
+		top++
+	}
+	return aggregateLevel(ctx, rd, v, top, lo, hi, false)
 }
 
-func aggregateLevel(ctx context.Context, rd levelReader, v view, level int, lo, hi []byte) (partial, error) {
+// aggregateLevel reduces [lo, hi) from level down. hiIsNode says hi is a
+// node key of this level or above, so that the span of the last node
+// inside the range ends at hi and its partial counts whole. The range is
+// then split in two chains that each descend one node per level: the
+// head before the first node (whose end is a node), and the tail from
+// the last node (whose start is a node); they run at once.
+func aggregateLevel(ctx context.Context, rd levelReader, v view, level int, lo, hi []byte, hiIsNode bool) (partial, error) {
 	if hi != nil && bytes.Compare(lo, hi) >= 0 {
 		return partial{}, nil
 	}
@@ -113,27 +130,44 @@ func aggregateLevel(ctx context.Context, rd levelReader, v view, level int, lo, 
 		return partial{}, err
 	}
 	if len(nodes) == 0 {
-		return aggregateLevel(ctx, rd, v, level-1, lo, hi)
+		return aggregateLevel(ctx, rd, v, level-1, lo, hi, hiIsNode)
 	}
-	parts := make([]partial, 0, len(nodes)+1)
+	whole := nodes[:len(nodes)-1]
+	if hiIsNode {
+		whole = nodes
+	}
+	type result struct {
+		p   partial
+		err error
+	}
+	headc := make(chan result, 1)
 	if !bytes.Equal(lo, nodes[0].k) {
-		head, err := aggregateLevel(ctx, rd, v, level-1, lo, nodes[0].k)
-		if err != nil {
-			return partial{}, err
-		}
-		parts = appendPartial(parts, head)
+		go func() {
+			p, err := aggregateLevel(ctx, rd, v, level-1, lo, nodes[0].k, true)
+			headc <- result{p, err}
+		}()
+	} else {
+		headc <- result{}
 	}
-	for _, n := range nodes[:len(nodes)-1] {
+	var tail partial
+	if !hiIsNode {
+		tail, err = aggregateLevel(ctx, rd, v, level-1, nodes[len(nodes)-1].k, hi, false)
+	}
+	head := <-headc
+	if err == nil {
+		err = head.err
+	}
+	if err != nil {
+		return partial{}, err
+	}
+	parts := make([]partial, 0, len(nodes)+2)
+	parts = appendPartial(parts, head.p)
+	for _, n := range whole {
 		p, err := decodePartial(n.v)
 		if err != nil {
 			return partial{}, err
 		}
 		parts = appendPartial(parts, p)
-	}
-	// The last node's span may reach past hi.
-	tail, err := aggregateLevel(ctx, rd, v, level-1, nodes[len(nodes)-1].k, hi)
-	if err != nil {
-		return partial{}, err
 	}
 	parts = appendPartial(parts, tail)
 	return rereduceParts(v.red, parts), nil

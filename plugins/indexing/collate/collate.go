@@ -190,3 +190,89 @@ func appendEscaped(dst, b []byte) []byte {
 	}
 	return append(append(dst, b...), 0x00, 0x00)
 }
+
+// Prefix returns the length of the start of key (a collation key, perhaps
+// followed by other bytes) that holds its first value; and, when that
+// value is an array of at least n elements, the length of the part that
+// holds the array's tag and first n elements (a prefix shared by every
+// array that starts with those elements), else -1. View queries group
+// rows by it without decoding their keys.
+func Prefix(key []byte, n int) (value, elems int, err error) {
+	elems = -1
+	if len(key) > 0 && key[0] == tagArray {
+		pos := 1
+		for i := 0; ; i++ {
+			if i == n {
+				elems = pos
+			}
+			if pos >= len(key) {
+				return 0, 0, ErrInvalid
+			}
+			if key[pos] == tagEnd {
+				return pos + 1, elems, nil
+			}
+			l, err := skip(key[pos:])
+			if err != nil {
+				return 0, 0, err
+			}
+			pos += l
+		}
+	}
+	value, err = skip(key)
+	return value, elems, err
+}
+
+// skip returns the length of the encoded value at the start of b.
+func skip(b []byte) (int, error) {
+	if len(b) == 0 {
+		return 0, ErrInvalid
+	}
+	switch b[0] {
+	case tagNull, tagFalse, tagTrue:
+		return 1, nil
+	case tagNumber:
+		if len(b) < 9 {
+			return 0, ErrInvalid
+		}
+		return 9, nil
+	case tagString:
+		pos := 1
+		for range 2 { // the sort key, then the raw bytes
+			l, err := skipEscaped(b[pos:])
+			if err != nil {
+				return 0, err
+			}
+			pos += l
+		}
+		return pos, nil
+	case tagArray, tagObject:
+		pos := 1
+		for {
+			if pos >= len(b) {
+				return 0, ErrInvalid
+			}
+			if b[pos] == tagEnd {
+				return pos + 1, nil
+			}
+			l, err := skip(b[pos:])
+			if err != nil {
+				return 0, err
+			}
+			pos += l
+		}
+	}
+	return 0, ErrInvalid
+}
+
+// skipEscaped returns the length of an escaped byte string with its end.
+func skipEscaped(b []byte) (int, error) {
+	for i := 0; i+1 < len(b); i++ {
+		if b[i] == 0 {
+			if b[i+1] == 0 {
+				return i + 2, nil
+			}
+			i++ // an escaped 0x00
+		}
+	}
+	return 0, ErrInvalid
+}

@@ -87,3 +87,52 @@ func FuzzKey(f *testing.F) {
 		}
 	})
 }
+
+func TestPrefix(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		key         string
+		n           int
+		valueOf     string // the first value alone
+		elemsOf     string // an array of the first n elements, "" for none
+		trailingLen int
+	}{
+		{`null`, 1, `null`, "", 0},
+		{`"a\u0000b"`, 0, `"a\u0000b"`, "", 0},
+		{`[1, "x", [null, {"a": true}], 2]`, 2, `[1, "x", [null, {"a": true}], 2]`, `[1, "x"]`, 0},
+		{`[1, "x"]`, 2, `[1, "x"]`, `[1, "x"]`, 0},
+		{`[1]`, 2, `[1]`, "", 0},
+		{`{"a": [1, 2], "b": "c"}`, 1, `{"a": [1, 2], "b": "c"}`, "", 0},
+		{`[[1], {}]`, 1, `[[1], {}]`, `[[1]]`, 0},
+	}
+	for _, c := range cases {
+		k := must(t, c.key)
+		withID := append(append([]byte{}, k...), "doc\x00\x00"...)
+		value, elems, err := collate.Prefix(withID, c.n)
+		if err != nil || value != len(k) {
+			t.Errorf("%s: value %d %v; want %d", c.key, value, err, len(k))
+		}
+		if c.elemsOf == "" {
+			if elems != -1 {
+				t.Errorf("%s, %d: elems %d; want none", c.key, c.n, elems)
+			}
+			continue
+		}
+		want := must(t, c.elemsOf)
+		if elems != len(want)-1 || string(withID[:elems]) != string(want[:len(want)-1]) {
+			t.Errorf("%s, %d: elems %d; want %d", c.key, c.n, elems, len(want)-1)
+		}
+	}
+	if _, _, err := collate.Prefix([]byte{0x06, 'a', 0}, 0); err == nil {
+		t.Error("a cut string passed")
+	}
+}
+
+func must(t *testing.T, s string) []byte {
+	t.Helper()
+	k, err := collate.Key([]byte(s))
+	if err != nil {
+		t.Fatalf("%s: %v", s, err)
+	}
+	return k
+}
