@@ -12,7 +12,7 @@ BENCHTIME ?= 2s
 PROTOC_GEN_GO      := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
 
-.PHONY: all build build-fdb plugins run test test-race test-slow test-fdb check-fdb bench bench-thesis bench-fairness bench-replication fuzz lint proto clean
+.PHONY: all build build-fdb plugins run test test-race test-slow test-fdb check-fdb bench bench-thesis bench-fairness bench-replication bench-indexing fuzz lint proto clean
 
 all: lint test
 
@@ -83,6 +83,11 @@ bench-fairness:
 BENCH_REPLICATION_FLAGS ?=
 bench-replication:
 	$(GO) run ./plugins/replication/internal/benchrep $(BENCH_REPLICATION_FLAGS)
+
+# Builds a 100,000-document view in real host and plugin processes beside
+# pouchdb-server's own build of it, then compares query latencies.
+bench-indexing:
+	$(GO) run ./plugins/indexing/internal/benchidx $(BENCH_INDEXING_FLAGS)
 
 # An execution count, not a duration: with a duration, Go 1.26's fuzzing
 # coordinator can fail a target with "context deadline exceeded" at the

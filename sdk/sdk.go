@@ -160,6 +160,20 @@ func (c *Config) Decode(v any) error {
 	return nil
 }
 
+// ParseDuration reads a duration option of a plugin's configuration
+// ("30s", "1h30m"): empty is def, and anything but a positive duration
+// is an error saying what is wanted, for a ConfigError.
+func ParseDuration(s string, def time.Duration) (time.Duration, error) {
+	if s == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%q: want a positive duration such as \"30s\"", s)
+	}
+	return d, nil
+}
+
 // ConfigError is one problem with the configuration, at a dotted key.
 type ConfigError struct {
 	Key     string

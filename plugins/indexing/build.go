@@ -112,6 +112,29 @@ type change struct {
 	id      string
 	deleted bool
 	doc     json.RawMessage
+	seq     json.RawMessage
+}
+
+// maxBatchWrites bounds the estimated bytes a batch writes: the store's
+// transactions hold 10 MB (FoundationDB's limit, which the embedded store
+// keeps too).
+const maxBatchWrites = 8 << 20
+
+// errBatchTooLarge: the batch's writes would not fit one transaction.
+var errBatchTooLarge = errors.New("the batch's writes are too large for one transaction")
+
+// commitSplit commits a batch, in halves (each up to its own last
+// change) while it is too large for one transaction.
+func (b *builder) commitSplit(ctx context.Context, batch []change, seq json.RawMessage) error {
+	err := b.commit(ctx, batch, seq)
+	if !errors.Is(err, errBatchTooLarge) || len(batch) < 2 {
+		return err
+	}
+	mid := len(batch) / 2
+	if err := b.commitSplit(ctx, batch[:mid], batch[mid-1].seq); err != nil {
+		return err
+	}
+	return b.commitSplit(ctx, batch[mid:], seq)
 }
 
 // build runs an index job: it indexes the database's changes from the
@@ -174,12 +197,12 @@ func (p *plugin) build(ctx context.Context, job *sdk.Job) error {
 	started := time.Now()
 	lastSeq := b.data.ViewSeq
 	flush := func() error {
-		err := b.commit(ctx, batch, lastSeq)
+		err := b.commitSplit(ctx, batch, lastSeq)
 		batch, batchBytes, started = batch[:0], 0, time.Now()
 		return err
 	}
 	end, err := b.c.Feed(ctx, d.DB, couch.FeedOptions{Since: b.data.ViewSeq, IncludeDocs: true}, func(ch couch.Change) error {
-		batch = append(batch, change{id: ch.ID, deleted: ch.Deleted, doc: ch.Doc})
+		batch = append(batch, change{id: ch.ID, deleted: ch.Deleted, doc: ch.Doc, seq: ch.Seq})
 		batchBytes += len(ch.Doc)
 		lastSeq = ch.Seq
 		if len(batch) >= p.cfg.BatchDocs || batchBytes >= p.cfg.batchBytes || time.Since(started) >= p.cfg.batchTime {
@@ -279,6 +302,27 @@ func (b *builder) commit(ctx context.Context, batch []change, seq json.RawMessag
 			w.rows = rows
 		}
 		work = append(work, w)
+	}
+	// Nothing has changed yet: a batch too large for one transaction can
+	// still be split.
+	size := 0
+	for _, w := range work {
+		size += 1 << 10
+		for _, dr := range w.rows {
+			for i, rk := range dr.rks {
+				size += 2*len(rk) + len(dr.vals[i])
+			}
+		}
+	}
+	if size > maxBatchWrites {
+		if len(work) > 1 {
+			return fmt.Errorf("%w: about %d bytes for %d changes", errBatchTooLarge, size, len(batch))
+		}
+		// One document alone is too large: it is skipped, as a map error.
+		for v := range b.views {
+			b.mapError(v, work[0].id, fmt.Errorf("its rows, about %d bytes, do not fit one transaction", size))
+		}
+		work[0].rows = nil
 	}
 	// Each document's old rows, from the back-index.
 	g, gctx := errgroup.WithContext(ctx)

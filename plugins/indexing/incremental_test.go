@@ -66,6 +66,9 @@ func TestIncremental(t *testing.T) {
 	n := startNode(t, s, nil, "db")
 	all := "/db/_design/test/_view/keys"
 	compare(t, n, s, "db", "keys", "", true)
+	// The query asked for another run of the build; let it end, so that
+	// nothing builds until a query asks.
+	idle(t, n)
 
 	// update=false answers from the index as it is; lazy too, and starts
 	// a build; true waits for it.
@@ -135,6 +138,23 @@ func TestIncremental(t *testing.T) {
 	if st != 200 || !reflect.DeepEqual(keys, order) {
 		t.Errorf("unicode order: %d %q; want %q", st, keys, order)
 	}
+}
+
+// idle waits until no index job is pending or running.
+func idle(t testing.TB, n *node) {
+	t.Helper()
+	eventually(t, "the builds to end", func() bool {
+		list, _, err := n.h.Jobs().List(bg, indexing.TypeIndex, jobs.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, j := range list {
+			if j.State != jobs.Finished {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 func contains(list []string, s string) bool {
@@ -242,7 +262,7 @@ func TestRunaway(t *testing.T) {
 	}
 	put(t, c, "db", "a", map[string]any{"n": 1})
 	put(t, c, "db", "_design/loop", map[string]any{"views": map[string]any{"v": map[string]any{"map": `function(doc) { while (true) {} }`}}})
-	put(t, c, "db", "_design/big", map[string]any{"views": map[string]any{"v": map[string]any{"map": `function(doc) { for (var i = 0; i < 1e6; i++) emit(i, "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"); }`}}})
+	put(t, c, "db", "_design/big", map[string]any{"views": map[string]any{"v": map[string]any{"map": `function(doc) { var s = new Array(10000).join("x"); for (;;) emit(1, s); }`}}})
 	put(t, c, "db", "_design/ok", map[string]any{"views": map[string]any{"v": map[string]any{"map": `function(doc) { emit(doc.n, null); }`}}})
 	n := startNode(t, s, map[string]any{"map_timeout": "200ms", "max_emit_bytes": 100000}, "db")
 	for path, want := range map[string]string{"/db/_design/loop/_view/v": "ran too long", "/db/_design/big/_view/v": "emitted too much"} {
@@ -257,3 +277,38 @@ func TestRunaway(t *testing.T) {
 }
 
 var jobsListAll = jobs.ListOptions{}
+
+// TestLargeBatches: a batch whose rows would not fit one store
+// transaction commits in parts, and a document whose rows alone would not
+// is skipped as a map error.
+func TestLargeBatches(t *testing.T) {
+	t.Parallel()
+	s := couchtest.Start(t)
+	c := admin(t, s)
+	if err := c.CreateDB(bg, "db", 0); err != nil {
+		t.Fatal(err)
+	}
+	var docs []string
+	for i := range 400 {
+		docs = append(docs, fmt.Sprintf(`{"_id":"d%03d","rows":20}`, i))
+	}
+	docs = append(docs, `{"_id":"huge","rows":9000}`)
+	bulk(t, c, "db", true, docs...)
+	put(t, c, "db", "_design/big", map[string]any{"views": map[string]any{"v": map[string]any{
+		"map":    `function(doc) { var pad = new Array(1000).join("x"); for (var i = 0; i < doc.rows; i++) emit([doc._id, i], pad); }`,
+		"reduce": "_count"}}})
+	n := startNode(t, s, map[string]any{"batch_docs": 1000, "batch_bytes": 1 << 30, "batch_time": "1m", "max_emit_bytes": 64 << 20}, "db")
+	st, out := get(t, "GET", n.api.URL, "/db/_design/big/_view/v", "")
+	if b, _ := json.Marshal(out); st != 200 || string(b) != `{"rows":[{"key":null,"value":8000}]}` {
+		t.Fatalf("count: %d %s", st, b)
+	}
+	list, _, err := n.h.Jobs().List(bg, indexing.TypeIndex, jobs.ListOptions{})
+	if err != nil || len(list) != 1 {
+		t.Fatal(list, err)
+	}
+	var d indexing.IndexData
+	json.Unmarshal(list[0].Data, &d)
+	if d.MapErrors != 1 || !strings.Contains(d.LastMapError, `"huge"`) {
+		t.Errorf("map errors %d: %s", d.MapErrors, d.LastMapError)
+	}
+}

@@ -80,13 +80,13 @@ func configure(c *sdk.Config) (*Config, error) {
 		errs = append(errs, sdk.ConfigError{Key: key, Message: fmt.Sprintf(format, args...)})
 	}
 	var err error
-	if cfg.batchTime, err = duration(cfg.BatchTime, 2*time.Second); err != nil {
+	if cfg.batchTime, err = sdk.ParseDuration(cfg.BatchTime, 2*time.Second); err != nil {
 		bad("batch_time", "%v", err)
 	}
-	if cfg.query, err = duration(cfg.QueryTimeout, time.Minute); err != nil {
+	if cfg.query, err = sdk.ParseDuration(cfg.QueryTimeout, time.Minute); err != nil {
 		bad("query_timeout", "%v", err)
 	}
-	if cfg.limits.Timeout, err = duration(cfg.MapTimeout, 5*time.Second); err != nil {
+	if cfg.limits.Timeout, err = sdk.ParseDuration(cfg.MapTimeout, 5*time.Second); err != nil {
 		bad("map_timeout", "%v", err)
 	}
 	positive := func(key string, v *int, def int) {
@@ -128,17 +128,6 @@ func configure(c *sdk.Config) (*Config, error) {
 		return nil, errs
 	}
 	return cfg, nil
-}
-
-func duration(s string, def time.Duration) (time.Duration, error) {
-	if s == "" {
-		return def, nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("%q: want a positive duration such as \"30s\"", s)
-	}
-	return d, nil
 }
 
 // plugin holds what the job types and routes share.

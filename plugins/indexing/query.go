@@ -526,21 +526,75 @@ const (
 )
 
 // eachGroup calls fn with each group's key and partial, in order.
+//
+// Rows are read in pages, which grow while groups fit in them. A group
+// that fills a page is reduced through the tree instead (about 2 × depth
+// reads, whatever its size) and the scan seeks past it; the next page is
+// then sized from that group's row count, so a run of large groups costs
+// a short read and a descent each. Tree reductions run concurrently (a
+// few at a time) while the scan goes on; fn still sees groups in order.
 func eachGroup(ctx context.Context, rd storeReader, v view, s span, reverse bool, level int, fn func(json.RawMessage, partial) (bool, error)) error {
+	type group struct {
+		key  json.RawMessage
+		p    partial
+		err  error
+		done chan struct{}
+	}
+	var queue []*group
+	ctx, cancel := context.WithCancel(ctx)
+	defer func() {
+		// Stop the reductions still running, and wait for them.
+		cancel()
+		for _, g := range queue {
+			<-g.done
+		}
+	}()
+	sem := make(chan struct{}, treeReductions)
+	// deliver hands finished groups to fn in order; with wait, it waits
+	// for all of them.
+	deliver := func(wait bool) (bool, error) {
+		for len(queue) > 0 {
+			g := queue[0]
+			if !wait && len(queue) < 2*treeReductions {
+				select {
+				case <-g.done:
+				default:
+					return true, nil
+				}
+			}
+			<-g.done
+			queue = queue[1:]
+			if g.err != nil {
+				return false, g.err
+			}
+			if more, err := fn(g.key, g.p); err != nil || !more {
+				return false, err
+			}
+		}
+		return true, nil
+	}
+	ready := func(key json.RawMessage, p partial) {
+		g := &group{key: key, p: p, done: make(chan struct{})}
+		close(g.done)
+		queue = append(queue, g)
+	}
 	lo, hi := s.lo, s.hi
-	// Pages grow while groups fit in them, and start small again after a
-	// group that did not: large groups cost a read of a few rows and a
-	// descent of the tree, small ones a share of a page.
 	size := minGroupPage
 	for {
+		if more, err := deliver(false); err != nil || !more {
+			return err
+		}
 		var page []row
 		err := rd.each(ctx, v.num, 0, lo, hi, reverse, size, func(e entry) (bool, error) {
 			r, err := decodeRow(e.k, e.v)
 			page = append(page, r)
 			return len(page) < size, err
 		})
-		if err != nil || len(page) == 0 {
+		if err != nil {
 			return err
+		}
+		if len(page) == 0 {
+			break
 		}
 		full := len(page) == size
 		size = min(size*2, maxGroupPage)
@@ -556,7 +610,12 @@ func eachGroup(ctx context.Context, rd storeReader, v view, s span, reverse bool
 					break
 				}
 			}
-			if j == len(page) && full && i > 0 {
+			if j < len(page) || !full {
+				ready(gk, reduceRows(v.red, page[i:j]))
+				i = j
+				continue
+			}
+			if i > 0 {
 				// The group may go on past the page: read it whole with
 				// the next (larger) page.
 				if reverse {
@@ -566,46 +625,45 @@ func eachGroup(ctx context.Context, rd storeReader, v view, s span, reverse bool
 				}
 				break
 			}
-			if j == len(page) && full {
-				// The group fills a page and may go on: reduce it through
-				// the tree, and go on after it.
-				glo, ghi := gp, strinc(gp)
-				if lo != nil && bytes.Compare(glo, lo) < 0 {
-					glo = lo
-				}
-				if hi != nil && bytes.Compare(ghi, hi) > 0 {
-					ghi = hi
-				}
-				p, err := aggregate(ctx, rd, v, glo, ghi)
-				if err != nil {
-					return err
-				}
-				if more, err := fn(gk, p); err != nil || !more {
-					return err
-				}
-				if reverse {
-					hi = glo
-				} else {
-					lo = ghi
-				}
-				size = minGroupPage
-				break
+			// The group fills the page and may go on: reduce it through
+			// the tree, and go on after it.
+			glo, ghi := gp, strinc(gp)
+			if lo != nil && bytes.Compare(glo, lo) < 0 {
+				glo = lo
 			}
-			if more, err := fn(gk, reduceRows(v.red, page[i:j])); err != nil || !more {
-				return err
+			if hi != nil && bytes.Compare(ghi, hi) > 0 {
+				ghi = hi
 			}
-			i = j
-			if i == len(page) {
-				if !full {
-					return nil
-				}
+			g := &group{key: gk, done: make(chan struct{})}
+			queue = append(queue, g)
+			sem <- struct{}{}
+			go func() {
+				defer func() { <-sem; close(g.done) }()
+				g.p, g.err = aggregate(ctx, rd, v, glo, ghi)
+			}()
+			if reverse {
+				hi = glo
+			} else {
+				lo = ghi
 			}
+			// The next group may be as large: read only a few rows.
+			size = afterTreePage
+			break
 		}
-		if hi != nil && lo != nil && bytes.Compare(lo, hi) >= 0 {
-			return nil
+		if !full || (hi != nil && lo != nil && bytes.Compare(lo, hi) >= 0) {
+			break
 		}
 	}
+	_, err := deliver(true)
+	return err
 }
+
+// afterTreePage is the page read after a group reduced through the tree.
+const afterTreePage = 16
+
+// treeReductions is how many groups eachGroup reduces through the tree at
+// once.
+const treeReductions = 8
 
 // includeDocs adds each row's document: the one it came from, or the one
 // its value links to with {"_id": ...}, as CouchDB does.
@@ -745,15 +803,22 @@ func (p *plugin) freshen(ctx context.Context, db Database, d Design, ix index, m
 		if err := trigger(ctx, p.host, job); err != nil {
 			return err
 		}
+		// Wait until the build commits a batch (its view_seq moves) or
+		// ends.
 		errMoved := errors.New("moved")
+		var first json.RawMessage
+		seen := false
 		err = p.host.Subscribe(ctx, TypeIndex, id, func(info sdk.JobInfo) error {
 			if err := indexError(info); err != nil {
 				return err
 			}
 			var data IndexData
 			json.Unmarshal(info.Data, &data)
-			if info.State == "finished" || info.State == "not_found" || !bytes.Equal(data.ViewSeq, m.Seq) {
+			if info.State == "not_found" || (seen && (info.State == "finished" || !bytes.Equal(data.ViewSeq, first))) {
 				return errMoved
+			}
+			if !seen {
+				first, seen = data.ViewSeq, true
 			}
 			return nil
 		})

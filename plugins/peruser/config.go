@@ -65,10 +65,10 @@ func configure(c *sdk.Config) (*Config, error) {
 		bad("q", "%d is negative", cfg.Q)
 	}
 	var err error
-	if cfg.reconcile, err = duration(cfg.ReconcileInterval, 10*time.Minute); err != nil {
+	if cfg.reconcile, err = sdk.ParseDuration(cfg.ReconcileInterval, 10*time.Minute); err != nil {
 		bad("reconcile_interval", "%v", err)
 	}
-	if cfg.feedTimeout, err = duration(cfg.FeedTimeout, time.Minute); err != nil {
+	if cfg.feedTimeout, err = sdk.ParseDuration(cfg.FeedTimeout, time.Minute); err != nil {
 		bad("feed_timeout", "%v", err)
 	}
 	if len(cfg.Servers) == 0 {
@@ -89,17 +89,6 @@ func configure(c *sdk.Config) (*Config, error) {
 		return nil, errs
 	}
 	return cfg, nil
-}
-
-func duration(s string, def time.Duration) (time.Duration, error) {
-	if s == "" {
-		return def, nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("%q: want a positive duration such as \"30s\"", s)
-	}
-	return d, nil
 }
 
 // server returns the named server.

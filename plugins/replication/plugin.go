@@ -3,7 +3,6 @@ package replication
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"time"
 
@@ -57,10 +56,10 @@ func configure(c *sdk.Config) (*Config, error) {
 	}
 	var errs sdk.ConfigErrors
 	var err error
-	if cfg.ttl, err = duration(cfg.TransientTTL, 24*time.Hour); err != nil {
+	if cfg.ttl, err = sdk.ParseDuration(cfg.TransientTTL, 24*time.Hour); err != nil {
 		errs = append(errs, sdk.ConfigError{Key: "transient_ttl", Message: err.Error()})
 	}
-	if cfg.scan, err = duration(cfg.ScanInterval, time.Minute); err != nil {
+	if cfg.scan, err = sdk.ParseDuration(cfg.ScanInterval, time.Minute); err != nil {
 		errs = append(errs, sdk.ConfigError{Key: "scan_interval", Message: err.Error()})
 	}
 	if cfg.CreateReplicatorDB == nil {
@@ -76,17 +75,6 @@ func configure(c *sdk.Config) (*Config, error) {
 		return nil, errs
 	}
 	return cfg, nil
-}
-
-func duration(s string, def time.Duration) (time.Duration, error) {
-	if s == "" {
-		return def, nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d <= 0 {
-		return 0, fmt.Errorf("%q: want a positive duration such as \"30s\"", s)
-	}
-	return d, nil
 }
 
 // plugin holds what the job types and routes share.
