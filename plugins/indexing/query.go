@@ -369,8 +369,29 @@ func (p *plugin) queryView(r *http.Request) (any, error) {
 
 // mapQuery reads rows.
 func mapQuery(ctx context.Context, rd storeReader, v view, q *viewQuery, spans []span, m marker) (map[string]any, error) {
+	// CouchDB's offset, the rows before the range, is a count from the
+	// tree; it is read while the rows are.
+	type count struct {
+		n   uint64
+		err error
+	}
+	offset := make(chan count, 1)
+	go func() {
+		counter := view{num: v.num, rows: v.rows}
+		var p partial
+		var err error
+		switch {
+		case q.hasKeys:
+		case !q.descending && spans[0].lo != nil:
+			p, err = aggregate(ctx, rd, counter, nil, spans[0].lo)
+		case q.descending && spans[0].hi != nil:
+			p, err = aggregate(ctx, rd, counter, spans[0].hi, nil)
+		}
+		offset <- count{p.count, err}
+	}()
 	rows := []map[string]any{}
 	skip := q.skip
+	var err error
 	for _, s := range spans {
 		if q.limit >= 0 && len(rows) >= q.limit {
 			break
@@ -379,7 +400,7 @@ func mapQuery(ctx context.Context, rd storeReader, v view, q *viewQuery, spans [
 		if q.limit >= 0 {
 			page = min(skip+q.limit-len(rows)+1, maxPage)
 		}
-		err := rd.each(ctx, v.num, 0, s.lo, s.hi, q.descending, page, func(e entry) (bool, error) {
+		err = rd.each(ctx, v.num, 0, s.lo, s.hi, q.descending, page, func(e entry) (bool, error) {
 			if skip > 0 {
 				skip--
 				return true, nil
@@ -392,8 +413,15 @@ func mapQuery(ctx context.Context, rd storeReader, v view, q *viewQuery, spans [
 			return q.limit < 0 || len(rows) < q.limit, nil
 		})
 		if err != nil {
-			return nil, err
+			break
 		}
+	}
+	before := <-offset
+	if err == nil {
+		err = before.err
+	}
+	if err != nil {
+		return nil, err
 	}
 	var total int64
 	if v.num < len(m.Rows) {
@@ -401,24 +429,7 @@ func mapQuery(ctx context.Context, rd storeReader, v view, q *viewQuery, spans [
 	}
 	out := map[string]any{"total_rows": total, "rows": rows}
 	if !q.hasKeys {
-		// offset: the rows before the first one returned.
-		counter := view{num: v.num, rows: v.rows}
-		var before uint64
-		if !q.descending && spans[0].lo != nil {
-			p, err := aggregate(ctx, rd, counter, nil, spans[0].lo)
-			if err != nil {
-				return nil, err
-			}
-			before = p.count
-		}
-		if q.descending && spans[0].hi != nil {
-			p, err := aggregate(ctx, rd, counter, spans[0].hi, nil)
-			if err != nil {
-				return nil, err
-			}
-			before = p.count
-		}
-		out["offset"] = min(int64(before)+int64(q.skip), total)
+		out["offset"] = min(int64(before.n)+int64(q.skip), total)
 	}
 	return out, nil
 }
