@@ -312,3 +312,37 @@ func TestLargeBatches(t *testing.T) {
 		t.Errorf("map errors %d: %s", d.MapErrors, d.LastMapError)
 	}
 }
+
+// TestActiveTasks: a running build shows in _active_tasks with its
+// progress, as CouchDB's indexer tasks do.
+func TestActiveTasks(t *testing.T) {
+	t.Parallel()
+	s := couchtest.Start(t)
+	c := admin(t, s)
+	if err := c.CreateDB(bg, "db", 0); err != nil {
+		t.Fatal(err)
+	}
+	var docs []string
+	for i := range 1000 {
+		docs = append(docs, fmt.Sprintf(`{"_id":"d%04d"}`, i))
+	}
+	bulk(t, c, "db", true, docs...)
+	// A slow map function (5 ms a document) keeps the build running.
+	put(t, c, "db", "_design/slow", map[string]any{"views": map[string]any{"v": map[string]any{
+		"map": `function(doc) { var t = Date.now(); while (Date.now() - t < 5) {} emit(doc._id, null); }`}}})
+	n := startNode(t, s, map[string]any{"batch_docs": 50}, "db")
+	var task map[string]any
+	eventually(t, "an indexer task with progress", func() bool {
+		_, out := get(t, "GET", n.api.URL, "/_active_tasks", "")
+		for _, x := range out.([]any) {
+			if m := x.(map[string]any); m["type"] == "indexer" && m["changes_done"].(float64) > 0 {
+				task = m
+				return true
+			}
+		}
+		return false
+	})
+	if task["database"] != "db" || task["design_document"] != "_design/slow" || task["total_changes"].(float64) < 1000 || task["progress"].(float64) >= 100 {
+		t.Errorf("task: %v", task)
+	}
+}
