@@ -102,8 +102,9 @@ func entryLess(a, b entry) bool { return bytes.Compare(a.k, b.k) < 0 }
 // docWork is one document of a batch.
 type docWork struct {
 	id   string
-	rows []docRows // per view; nil for a deleted document
-	old  [][]byte  // its back-index entries before the batch
+	seq  json.RawMessage // of its last change
+	rows []docRows       // per view; nil for a deleted document
+	old  [][]byte        // its back-index entries before the batch
 	had  bool
 }
 
@@ -123,18 +124,47 @@ const maxBatchWrites = 8 << 20
 // errBatchTooLarge: the batch's writes would not fit one transaction.
 var errBatchTooLarge = errors.New("the batch's writes are too large for one transaction")
 
-// commitSplit commits a batch, in halves (each up to its own last
-// change) while it is too large for one transaction.
-func (b *builder) commitSplit(ctx context.Context, batch []change, seq json.RawMessage) error {
-	err := b.commit(ctx, batch, seq)
-	if !errors.Is(err, errBatchTooLarge) || len(batch) < 2 {
+// commitBatch maps a batch of changes (the last change of a document
+// wins) and commits it, up to seq.
+func (b *builder) commitBatch(ctx context.Context, batch []change, seq json.RawMessage) error {
+	last := make(map[string]int, len(batch))
+	for i, ch := range batch {
+		last[ch.id] = i
+	}
+	work := make([]*docWork, 0, len(last))
+	for i, ch := range batch {
+		if last[ch.id] != i {
+			continue
+		}
+		w := &docWork{id: ch.id, seq: ch.seq}
+		if !ch.deleted && (!isDesign(ch.id) || b.data.Design.IncludeDesign) && len(ch.doc) > 0 {
+			rows, err := b.mapDoc(ch.id, ch.doc)
+			if err != nil {
+				return err
+			}
+			w.rows = rows
+		}
+		work = append(work, w)
+	}
+	return b.commitSplit(ctx, work, seq, len(batch))
+}
+
+// commitSplit commits mapped documents, in halves while they are too
+// large for one transaction. A first half commits up to its last
+// document's sequence: a document whose earlier change it skipped has its
+// last change in the second half, after that sequence, so a run resumed
+// between the halves still sees it.
+func (b *builder) commitSplit(ctx context.Context, work []*docWork, seq json.RawMessage, changes int) error {
+	err := b.commit(ctx, work, seq, changes)
+	if !errors.Is(err, errBatchTooLarge) || len(work) < 2 {
 		return err
 	}
-	mid := len(batch) / 2
-	if err := b.commitSplit(ctx, batch[:mid], batch[mid-1].seq); err != nil {
+	mid := len(work) / 2
+	first := changes * mid / len(work)
+	if err := b.commitSplit(ctx, work[:mid], work[mid-1].seq, first); err != nil {
 		return err
 	}
-	return b.commitSplit(ctx, batch[mid:], seq)
+	return b.commitSplit(ctx, work[mid:], seq, changes-first)
 }
 
 // build runs an index job: it indexes the database's changes from the
@@ -197,7 +227,7 @@ func (p *plugin) build(ctx context.Context, job *sdk.Job) error {
 	started := time.Now()
 	lastSeq := b.data.ViewSeq
 	flush := func() error {
-		err := b.commitSplit(ctx, batch, lastSeq)
+		err := b.commitBatch(ctx, batch, lastSeq)
 		batch, batchBytes, started = batch[:0], 0, time.Now()
 		return err
 	}
@@ -282,27 +312,7 @@ type docRows struct {
 
 // commit indexes a batch of changes and commits its writes with the job
 // update that advances view_seq to seq.
-func (b *builder) commit(ctx context.Context, batch []change, seq json.RawMessage) error {
-	// The last change of a document wins.
-	last := make(map[string]int, len(batch))
-	for i, ch := range batch {
-		last[ch.id] = i
-	}
-	work := make([]*docWork, 0, len(last))
-	for i, ch := range batch {
-		if last[ch.id] != i {
-			continue
-		}
-		w := &docWork{id: ch.id}
-		if !ch.deleted && (!isDesign(ch.id) || b.data.Design.IncludeDesign) && len(ch.doc) > 0 {
-			rows, err := b.mapDoc(ch.id, ch.doc)
-			if err != nil {
-				return err
-			}
-			w.rows = rows
-		}
-		work = append(work, w)
-	}
+func (b *builder) commit(ctx context.Context, work []*docWork, seq json.RawMessage, changes int) error {
 	// Nothing has changed yet: a batch too large for one transaction can
 	// still be split.
 	size := 0
@@ -316,7 +326,7 @@ func (b *builder) commit(ctx context.Context, batch []change, seq json.RawMessag
 	}
 	if size > maxBatchWrites {
 		if len(work) > 1 {
-			return fmt.Errorf("%w: about %d bytes for %d changes", errBatchTooLarge, size, len(batch))
+			return fmt.Errorf("%w: about %d bytes for %d documents", errBatchTooLarge, size, len(work))
 		}
 		// One document alone is too large: it is skipped, as a map error.
 		for v := range b.views {
@@ -406,7 +416,7 @@ func (b *builder) commit(ctx context.Context, batch []change, seq json.RawMessag
 	mb, _ := json.Marshal(b.mark)
 	writes = append(writes, sdk.Set(b.ix.marker(), mb))
 	b.data.ViewSeq = seq
-	b.data.ChangesDone += int64(len(batch))
+	b.data.ChangesDone += int64(changes)
 	b.data.DocsIndexed += int64(len(work))
 	if b.data.TotalChanges < b.data.ChangesDone {
 		b.data.TotalChanges = b.data.ChangesDone
@@ -418,7 +428,7 @@ func (b *builder) commit(ctx context.Context, batch []change, seq json.RawMessag
 	err := b.job.Update(ctx, sdk.Update{Data: b.data, Writes: writes, Fraction: frac,
 		Message: fmt.Sprintf("%d of %d changes", b.data.ChangesDone, b.data.TotalChanges)})
 	if err != nil {
-		return fmt.Errorf("commit a batch of %d changes: %w", len(batch), err)
+		return fmt.Errorf("commit a batch of %d documents: %w", len(work), err)
 	}
 	return nil
 }

@@ -290,16 +290,16 @@ func TestLargeBatches(t *testing.T) {
 	}
 	var docs []string
 	for i := range 400 {
-		docs = append(docs, fmt.Sprintf(`{"_id":"d%03d","rows":20}`, i))
+		docs = append(docs, fmt.Sprintf(`{"_id":"d%03d","rows":3,"size":10000}`, i))
 	}
-	docs = append(docs, `{"_id":"huge","rows":9000}`)
+	docs = append(docs, `{"_id":"huge","rows":200,"size":50000}`)
 	bulk(t, c, "db", true, docs...)
 	put(t, c, "db", "_design/big", map[string]any{"views": map[string]any{"v": map[string]any{
-		"map":    `function(doc) { var pad = new Array(1000).join("x"); for (var i = 0; i < doc.rows; i++) emit([doc._id, i], pad); }`,
+		"map":    `function(doc) { var pad = new Array(doc.size).join("x"); for (var i = 0; i < doc.rows; i++) emit([doc._id, i], pad); }`,
 		"reduce": "_count"}}})
-	n := startNode(t, s, map[string]any{"batch_docs": 1000, "batch_bytes": 1 << 30, "batch_time": "1m", "max_emit_bytes": 64 << 20}, "db")
+	n := startNode(t, s, map[string]any{"batch_docs": 1000, "batch_bytes": 1 << 30, "batch_time": "1m", "max_emit_bytes": 64 << 20, "map_timeout": "2m", "query_timeout": "5m"}, "db")
 	st, out := get(t, "GET", n.api.URL, "/db/_design/big/_view/v", "")
-	if b, _ := json.Marshal(out); st != 200 || string(b) != `{"rows":[{"key":null,"value":8000}]}` {
+	if b, _ := json.Marshal(out); st != 200 || string(b) != `{"rows":[{"key":null,"value":1200}]}` {
 		t.Fatalf("count: %d %s", st, b)
 	}
 	list, _, err := n.h.Jobs().List(bg, indexing.TypeIndex, jobs.ListOptions{})
