@@ -11,7 +11,6 @@ import (
 
 	"github.com/couchjobs/couchjobs/plugins/indexing"
 	"github.com/couchjobs/couchjobs/plugins/internal/couch"
-	"github.com/couchjobs/couchjobs/plugins/internal/couchtest"
 	"github.com/couchjobs/couchjobs/runtime/jobs"
 )
 
@@ -56,11 +55,7 @@ func bulk(t testing.TB, c *couch.Client, db string, newEdits bool, docs ...strin
 // index, in each update mode, and compares with pouchdb-server.
 func TestIncremental(t *testing.T) {
 	t.Parallel()
-	s := couchtest.Start(t)
-	c := admin(t, s)
-	if err := c.CreateDB(bg, "db", 0); err != nil {
-		t.Fatal(err)
-	}
+	s, c := serverWithDB(t)
 	fillViews(t, c, "db", 30)
 	put(t, c, "db", "_design/test", designDoc)
 	n := startNode(t, s, nil, "db")
@@ -171,11 +166,7 @@ func contains(list []string, s string) bool {
 // deleted once the query timeout has passed.
 func TestDesignChanges(t *testing.T) {
 	t.Parallel()
-	s := couchtest.Start(t)
-	c := admin(t, s)
-	if err := c.CreateDB(bg, "db", 0); err != nil {
-		t.Fatal(err)
-	}
+	s, c := serverWithDB(t)
 	var docs []string
 	for i := range 3000 {
 		docs = append(docs, fmt.Sprintf(`{"_id":"d%05d","n":%d}`, i, i))
@@ -255,11 +246,7 @@ func TestDesignChanges(t *testing.T) {
 // error that queries show; other design documents go on.
 func TestRunaway(t *testing.T) {
 	t.Parallel()
-	s := couchtest.Start(t)
-	c := admin(t, s)
-	if err := c.CreateDB(bg, "db", 0); err != nil {
-		t.Fatal(err)
-	}
+	s, c := serverWithDB(t)
 	put(t, c, "db", "a", map[string]any{"n": 1})
 	put(t, c, "db", "_design/loop", map[string]any{"views": map[string]any{"v": map[string]any{"map": `function(doc) { while (true) {} }`}}})
 	put(t, c, "db", "_design/big", map[string]any{"views": map[string]any{"v": map[string]any{"map": `function(doc) { var s = new Array(10000).join("x"); for (;;) emit(1, s); }`}}})
@@ -283,11 +270,7 @@ var jobsListAll = jobs.ListOptions{}
 // is skipped as a map error.
 func TestLargeBatches(t *testing.T) {
 	t.Parallel()
-	s := couchtest.Start(t)
-	c := admin(t, s)
-	if err := c.CreateDB(bg, "db", 0); err != nil {
-		t.Fatal(err)
-	}
+	s, c := serverWithDB(t)
 	var docs []string
 	for i := range 400 {
 		docs = append(docs, fmt.Sprintf(`{"_id":"d%03d","rows":3,"size":10000}`, i))
@@ -317,11 +300,7 @@ func TestLargeBatches(t *testing.T) {
 // progress, as CouchDB's indexer tasks do.
 func TestActiveTasks(t *testing.T) {
 	t.Parallel()
-	s := couchtest.Start(t)
-	c := admin(t, s)
-	if err := c.CreateDB(bg, "db", 0); err != nil {
-		t.Fatal(err)
-	}
+	s, c := serverWithDB(t)
 	var docs []string
 	for i := range 1000 {
 		docs = append(docs, fmt.Sprintf(`{"_id":"d%04d"}`, i))

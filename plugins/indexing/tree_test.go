@@ -6,8 +6,6 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"testing"
-
-	"github.com/couchjobs/couchjobs/plugins/internal/couchtest"
 )
 
 // TestReduceTree builds an index large enough for several tree levels,
@@ -16,11 +14,7 @@ import (
 // grouped reductions must equal pouchdb-server's.
 func TestReduceTree(t *testing.T) {
 	t.Parallel()
-	s := couchtest.Start(t)
-	c := admin(t, s)
-	if err := c.CreateDB(bg, "db", 0); err != nil {
-		t.Fatal(err)
-	}
+	s, c := serverWithDB(t)
 	const docs = 2000
 	var batch []string
 	for i := range docs {

@@ -72,6 +72,17 @@ func admin(t testing.TB, s *couchtest.Server) *couch.Client {
 	return c
 }
 
+// serverWithDB starts a pouchdb-server with an empty database "db".
+func serverWithDB(t testing.TB) (*couchtest.Server, *couch.Client) {
+	t.Helper()
+	s := couchtest.Start(t)
+	c := admin(t, s)
+	if err := c.CreateDB(bg, "db", 0); err != nil {
+		t.Fatal(err)
+	}
+	return s, c
+}
+
 func put(t testing.TB, c *couch.Client, db, id string, doc any) string {
 	t.Helper()
 	rev, err := c.Put(bg, db, id, doc)
@@ -143,11 +154,7 @@ func compare(t *testing.T, n *node, s *couchtest.Server, db, view, query string,
 
 func TestViews(t *testing.T) {
 	t.Parallel()
-	s := couchtest.Start(t)
-	c := admin(t, s)
-	if err := c.CreateDB(bg, "db", 0); err != nil {
-		t.Fatal(err)
-	}
+	s, c := serverWithDB(t)
 	fillViews(t, c, "db", 60)
 	put(t, c, "db", "_design/test", designDoc)
 	n := startNode(t, s, nil, "db")
