@@ -146,8 +146,9 @@ func New() *sdk.Plugin {
 		Version: Version,
 		Types: []sdk.Type{
 			{Name: TypeWatcher, ActivityTimeout: 30 * time.Second, Continuous: true, Worker: sdk.WorkerFunc(pl.watch)},
-			// A build runs to the end of the feed and completes; it
-			// checkpoints every batch, so it may be preempted.
+			// A build runs to the end of the feed and completes: one-shot,
+			// so the scheduler never preempts it; it saves every batch, so
+			// a crash or failover resumes from the last one.
 			{Name: TypeIndex, ActivityTimeout: 30 * time.Second, Worker: sdk.WorkerFunc(pl.build)},
 			{Name: TypeCleanup, ActivityTimeout: 30 * time.Second, Worker: sdk.WorkerFunc(pl.cleanup)},
 		},

@@ -180,6 +180,9 @@ func (p *plugin) sigUsed(ctx context.Context, server, db, sig, except string) (b
 				return true, nil
 			}
 		}
+		if len(kvs) < maxPage {
+			return false, nil
+		}
 		begin = append(bytes.Clone(kvs[len(kvs)-1].Key), 0)
 	}
 }
