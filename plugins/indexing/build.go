@@ -72,8 +72,8 @@ const (
 	backChunk   = 90_000
 )
 
-// errRunaway stops a build: a map function ran too long or emitted too
-// much, and every later run would again.
+// errRunaway stops a build: a map function ran too long, emitted too
+// much or used too much memory, and every later run would again.
 var errRunaway = errors.New("the map function was stopped")
 
 // builder is one run of an index job.
@@ -435,13 +435,13 @@ func (b *builder) commit(ctx context.Context, work []*docWork, seq json.RawMessa
 
 // mapDoc runs every view's map function on a document. A function that
 // throws skips the document in that view (logged, counted); one that runs
-// too long or emits too much stops the build.
+// too long, emits too much or uses too much memory stops the build.
 func (b *builder) mapDoc(id string, doc []byte) ([]docRows, error) {
 	out := make([]docRows, len(b.views))
 	for v, m := range b.maps {
 		rows, err := m.Run(doc)
 		switch {
-		case errors.Is(err, js.ErrTimeout), errors.Is(err, js.ErrTooLarge):
+		case errors.Is(err, js.ErrTimeout), errors.Is(err, js.ErrTooLarge), errors.Is(err, js.ErrTooMuchMemory):
 			return nil, fmt.Errorf("%w: view %s on document %q: %v", errRunaway, b.views[v].name, id, err)
 		case err != nil:
 			b.mapError(v, id, err)

@@ -52,9 +52,12 @@ type Config struct {
 	BatchTime  string `json:"batch_time"`
 	// MapTimeout stops a map or reduce call (default "5s", CouchDB's
 	// os_process_timeout); MaxEmitBytes bounds what one map call emits
-	// (default 1 MiB). Either stops the index with an error.
+	// (default 1 MiB); MaxMapMemory bounds how much a map or reduce call
+	// may grow the plugin's heap (default 256 MiB). Each stops the index
+	// with an error.
 	MapTimeout   string `json:"map_timeout"`
 	MaxEmitBytes int    `json:"max_emit_bytes"`
+	MaxMapMemory int    `json:"max_map_memory"`
 	// QueryTimeout bounds a query, its wait for the index included
 	// (default "60s"). An index no design document uses is deleted
 	// QueryTimeout after, when no query can still read it.
@@ -100,7 +103,8 @@ func configure(c *sdk.Config) (*Config, error) {
 	positive("batch_docs", &cfg.BatchDocs, 1000)
 	positive("batch_bytes", &cfg.BatchBytes, 4<<20)
 	positive("max_emit_bytes", &cfg.MaxEmitBytes, 1<<20)
-	cfg.batchBytes, cfg.limits.MaxEmitBytes = cfg.BatchBytes, cfg.MaxEmitBytes
+	positive("max_map_memory", &cfg.MaxMapMemory, 256<<20)
+	cfg.batchBytes, cfg.limits.MaxEmitBytes, cfg.limits.MaxMemory = cfg.BatchBytes, cfg.MaxEmitBytes, int64(cfg.MaxMapMemory)
 	var problems []couch.ConfigProblem
 	cfg.clients, problems = couch.Connect(cfg.Servers, couch.Options{Retries: 2})
 	for _, p := range problems {

@@ -4,9 +4,10 @@
 // toJSON.
 //
 // A function runs under limits: a call that runs longer than the timeout
-// is interrupted (ErrTimeout), and one that emits more than the byte
-// budget is stopped (ErrTooLarge). goja cannot cap a call's memory
-// directly; the timeout bounds what a runaway allocation can do.
+// is interrupted (ErrTimeout), one that emits more than the byte budget is
+// stopped (ErrTooLarge), and one that grows the heap past the memory limit
+// is stopped (ErrTooMuchMemory). goja cannot count a call's memory, so the
+// process's heap is watched while calls run (see limit.go).
 package js
 
 import (
@@ -26,6 +27,11 @@ type Limits struct {
 	// MaxEmitBytes bounds the keys and values one map call emits;
 	// default 64 MiB.
 	MaxEmitBytes int
+	// MaxMemory bounds how much one call may grow the heap; default
+	// 256 MiB. A call is stopped within about 10 ms of passing it, so
+	// one that allocates very fast (a string doubled in a loop) may
+	// briefly hold a few times the limit.
+	MaxMemory int64
 }
 
 func (l Limits) withDefaults() Limits {
@@ -34,6 +40,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxEmitBytes <= 0 {
 		l.MaxEmitBytes = 64 << 20
+	}
+	if l.MaxMemory <= 0 {
+		l.MaxMemory = 256 << 20
 	}
 	return l
 }
@@ -49,6 +58,8 @@ var (
 	ErrTimeout = errors.New("js: the function ran too long")
 	// ErrTooLarge: the call emitted more than Limits.MaxEmitBytes.
 	ErrTooLarge = errors.New("js: the function emitted too much")
+	// ErrTooMuchMemory: the call grew the heap past Limits.MaxMemory.
+	ErrTooMuchMemory = errors.New("js: the function used too much memory")
 	// ErrBadDoc: the input is not a JSON object.
 	ErrBadDoc = errors.New("js: the document is not a JSON object")
 )
@@ -141,22 +152,6 @@ func (e *engine) fromJSON(raw []byte) (goja.Value, error) {
 	return e.parse(goja.Undefined(), e.vm.ToValue(string(raw)))
 }
 
-// run calls f under the timeout.
-func (e *engine) run(f func() (goja.Value, error)) (goja.Value, error) {
-	t := time.AfterFunc(e.limits.Timeout, func() { e.vm.Interrupt(ErrTimeout) })
-	defer t.Stop()
-	v, err := f()
-	e.vm.ClearInterrupt()
-	var ie *goja.InterruptedError
-	if errors.As(err, &ie) {
-		if cause, ok := ie.Value().(error); ok {
-			return nil, cause
-		}
-		return nil, ErrTimeout
-	}
-	return v, err
-}
-
 // Map is a compiled map function. It is not safe for concurrent use: run
 // one Map per goroutine.
 type Map struct {
@@ -199,11 +194,11 @@ func (m *Map) emit(key, value goja.Value) {
 // Run calls the map function on one document (a JSON object) and returns
 // what it emitted, in order.
 func (m *Map) Run(doc []byte) ([]Row, error) {
-	m.rows, m.bytes, m.overflow = nil, 0, false
 	if len(doc) == 0 || doc[0] != '{' {
 		return nil, ErrBadDoc
 	}
 	_, err := m.run(func() (goja.Value, error) {
+		m.rows, m.bytes, m.overflow = nil, 0, false
 		obj, err := m.fromJSON(doc)
 		if err != nil {
 			return nil, fmt.Errorf("%w: %v", ErrBadDoc, err)
@@ -213,7 +208,7 @@ func (m *Map) Run(doc []byte) ([]Row, error) {
 	switch {
 	case err == nil:
 		return m.rows, nil
-	case errors.Is(err, ErrTimeout), errors.Is(err, ErrTooLarge), errors.Is(err, ErrBadDoc):
+	case errors.Is(err, ErrTimeout), errors.Is(err, ErrTooLarge), errors.Is(err, ErrTooMuchMemory), errors.Is(err, ErrBadDoc):
 		return nil, err
 	}
 	return nil, fmt.Errorf("%w: %v", ErrThrew, err)
@@ -262,7 +257,7 @@ func (r *Reduce) Run(keys, values []byte, rereduce bool) (json.RawMessage, error
 	switch {
 	case err == nil:
 		return json.RawMessage(r.toJSON(out)), nil
-	case errors.Is(err, ErrTimeout):
+	case errors.Is(err, ErrTimeout), errors.Is(err, ErrTooMuchMemory):
 		return nil, err
 	}
 	return nil, fmt.Errorf("%w: %v", ErrThrew, err)

@@ -2,6 +2,7 @@ package js_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -148,5 +149,72 @@ func TestReduce(t *testing.T) {
 	}
 	if _, err := loop.Run(nil, []byte(`[1]`), true); !errors.Is(err, js.ErrTimeout) {
 		t.Errorf("loop: %v", err)
+	}
+}
+
+// TestMapMemory: a call that grows the heap past the limit is stopped,
+// whatever it allocates, and the function keeps working; a well behaved
+// call running beside it is not blamed.
+//
+// Not parallel: a call stopped for memory beside others runs again alone,
+// holding up every other call in the process, the other tests' too.
+func TestMapMemory(t *testing.T) {
+	limits := js.Limits{MaxMemory: 32 << 20, Timeout: time.Minute}
+	for _, tc := range []struct{ name, src string }{
+		{"doubled string", `function(doc) { if (doc.hog) { var s = "x"; for (;;) s += s; } emit(1, 2); }`},
+		{"growing array", `function(doc) { if (doc.hog) { var a = []; for (;;) a.push({n: a.length, s: "some text"}); } emit(1, 2); }`},
+		{"growing object", `function(doc) { if (doc.hog) { var o = {}; for (var i = 0; ; i++) o["k" + i] = [i]; } emit(1, 2); }`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := js.CompileMap(tc.src, limits, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// A neighbour: many short calls and a long one, alongside.
+			quiet, err := js.CompileMap(`function(doc) { var t = 0; for (var i = 0; i < doc.n; i++) t += i % 7; emit(t, null); }`, limits, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop, ready := make(chan struct{}), make(chan struct{})
+			neighbour := make(chan error, 1)
+			go func() {
+				for n := 0; ; n++ {
+					if n == 0 {
+						close(ready) // the hog starts beside a running neighbour
+					}
+					select {
+					case <-stop:
+						neighbour <- nil
+						return
+					default:
+					}
+					size := 100
+					if n%50 == 0 {
+						size = 500_000
+					}
+					if _, err := quiet.Run([]byte(fmt.Sprintf(`{"n":%d}`, size))); err != nil {
+						neighbour <- err
+						return
+					}
+				}
+			}()
+			<-ready
+			before := js.Reruns()
+			_, err = m.Run([]byte(`{"hog":true}`))
+			close(stop)
+			// The hog never ran alone at first: it ran again alone.
+			if js.Reruns() == before {
+				t.Error("no call ran again alone")
+			}
+			if !errors.Is(err, js.ErrTooMuchMemory) {
+				t.Errorf("hog: %v", err)
+			}
+			if err := <-neighbour; err != nil {
+				t.Errorf("the neighbour was stopped: %v", err)
+			}
+			if got, err := m.Run([]byte(`{}`)); err != nil || rows(t, got) != `1=2;` {
+				t.Errorf("after the stop: %s %v", rows(t, got), err)
+			}
+		})
 	}
 }
