@@ -100,19 +100,23 @@ func (e *engine) run(f func() (goja.Value, error)) (goja.Value, error) {
 // seen by the one after it passes the limit. Alone, the start is measured
 // after a collection of its own.
 func (e *engine) watch(f func() (goja.Value, error), alone bool) (goja.Value, error) {
+	var baseline uint64
 	if alone {
 		runtime.GC()
+		baseline = heapLive() // not the cached figure, from before this collection
+	}
+	start := time.Now()
+	if !alone {
+		baseline = recentLive(start)
 	}
 	first := started.Add(1)
 	beganAlone := running.Add(1) == 1
 	defer running.Add(-1)
 	var (
-		mu       sync.Mutex // orders the checks' interrupts before the end of the call
-		done     bool
-		start    = time.Now()
-		baseline = recentLive(start)
-		limit    = uint64(e.limits.MaxMemory)
-		t        *time.Timer
+		mu    sync.Mutex // orders the checks' interrupts before the end of the call
+		done  bool
+		limit = uint64(e.limits.MaxMemory)
+		t     *time.Timer
 	)
 	interrupt := func(err error) {
 		mu.Lock()
