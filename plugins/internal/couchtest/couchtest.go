@@ -239,6 +239,9 @@ func (s *Server) request(method, path, body string, admin bool) error {
 func (s *Server) Pause()  { s.cmd.Process.Signal(syscall.SIGSTOP) }
 func (s *Server) Resume() { s.cmd.Process.Signal(syscall.SIGCONT) }
 
+// Pid is the server's process id, for benches that pin it to CPUs.
+func (s *Server) Pid() int { return s.cmd.Process.Pid }
+
 // Stop stops the server.
 func (s *Server) Stop() {
 	select {

@@ -19,7 +19,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -37,6 +39,7 @@ var (
 	extra     *string
 	rounds    *int
 	withPouch *bool
+	pinned    *bool
 )
 
 func median(xs []float64) float64 {
@@ -77,6 +80,7 @@ func main() {
 	only := flag.String("only", "", "run only this workload")
 	withPouch = flag.Bool("pouchdb", true, "measure PouchDB too")
 	rounds = flag.Int("rounds", 3, "measurements of each contender; the median counts")
+	pinned = flag.Bool("pin", runtime.NumCPU() >= 2, "give the second server a CPU of its own while it is measured")
 	extra = flag.String("options", "", `more replication options, as JSON fields: ,"worker_processes":1`)
 	flag.Parse()
 	log.SetFlags(0)
@@ -104,7 +108,11 @@ func main() {
 		for _, r := range reads {
 			fmt.Println(r)
 		}
-		fmt.Printf("\nthe target on a second server:\n%-50s %12s %12s %9s\n", "workload", "couchjobs", "_bulk_docs", "vs ceil")
+		where := "a second server"
+		if *pinned {
+			where += ", alone on a CPU"
+		}
+		fmt.Printf("\nthe target on %s:\n%-50s %12s %12s %9s\n", where, "workload", "couchjobs", "_bulk_docs", "vs ceil")
 		for _, r := range twoServers {
 			fmt.Println(r)
 		}
@@ -146,18 +154,23 @@ func main() {
 		// fresh database deleted afterwards; the median counts. The
 		// ceiling is the faster of one writer and worker_processes (4)
 		// writers: pouchdb-server serves one request at a time.
+		// With -pin, the second server's contenders run with that
+		// server alone on the last CPU, and the first server and this
+		// process on the others, so that the target's writes have a core
+		// to themselves; the others run unpinned.
 		type contender struct {
-			c   *couch.Client
-			run func(db string)
+			c      *couch.Client
+			second bool
+			run    func(db string)
 		}
 		contenders := []contender{
-			{c, func(db string) { must(c.CreateDB(ctx, db, 0)); ingest(c, db, all, 1) }},
-			{c, func(db string) { must(c.CreateDB(ctx, db, 0)); ingest(c, db, all, 4) }},
-			{c, func(db string) { replicate(s.AdminURL()+"/source", s.AdminURL()+"/"+db) }},
-			{c2, func(db string) { must(c2.CreateDB(ctx, db, 0)); ingest(c2, db, all, 1) }},
-			{c2, func(db string) { must(c2.CreateDB(ctx, db, 0)); ingest(c2, db, all, 4) }},
-			{c2, func(db string) { replicate(s.AdminURL()+"/source", s2.AdminURL()+"/"+db) }},
-			{c, func(db string) { pouchReplicate(pouch, s, "source", db) }},
+			{c, false, func(db string) { must(c.CreateDB(ctx, db, 0)); ingest(c, db, all, 1) }},
+			{c, false, func(db string) { must(c.CreateDB(ctx, db, 0)); ingest(c, db, all, 4) }},
+			{c, false, func(db string) { replicate(s.AdminURL()+"/source", s.AdminURL()+"/"+db) }},
+			{c2, true, func(db string) { must(c2.CreateDB(ctx, db, 0)); ingest(c2, db, all, 1) }},
+			{c2, true, func(db string) { must(c2.CreateDB(ctx, db, 0)); ingest(c2, db, all, 4) }},
+			{c2, true, func(db string) { replicate(s.AdminURL()+"/source", s2.AdminURL()+"/"+db) }},
+			{c, false, func(db string) { pouchReplicate(pouch, s, "source", db) }},
 		}
 		if !*withPouch {
 			contenders = contenders[:6]
@@ -167,10 +180,16 @@ func main() {
 			for k := range contenders {
 				i := (k + round) % len(contenders)
 				db := fmt.Sprint("target-", i, "-", round)
+				if *pinned {
+					pin(contenders[i].second, s, s2)
+				}
 				rates[i] = append(rates[i], measure(revs, func() { contenders[i].run(db) }))
 				check(contenders[i].c, db, revs)
 				must(contenders[i].c.DeleteDB(ctx, db))
 			}
+		}
+		if *pinned {
+			pin(false, s, s2)
 		}
 		s2.Stop()
 		ceil := max(median(rates[0]), median(rates[1]))
@@ -213,6 +232,23 @@ func readCosts(c *couch.Client, name string, revs int, ceil float64) string {
 	return fmt.Sprintf("%-50s reads: feed with docs %v, _bulk_get of %d revisions %v; writes at the ceiling %v; bound %.0f%% of the ceiling",
 		name, feed.Round(time.Millisecond), len(need), get.Round(time.Millisecond), write.Round(time.Millisecond),
 		100*write.Seconds()/(write+feed+get).Seconds())
+}
+
+// pin sets the CPUs of the two servers and of this process (every
+// thread, with taskset): apart, the second server alone on the last CPU
+// and the rest on the others; otherwise all on every CPU.
+func pin(apart bool, first, second *couchtest.Server) {
+	n := runtime.NumCPU()
+	all := fmt.Sprintf("0-%d", n-1)
+	rest, last := all, all
+	if apart {
+		rest, last = fmt.Sprintf("0-%d", n-2), strconv.Itoa(n-1)
+	}
+	for pid, cpus := range map[int]string{os.Getpid(): rest, first.Pid(): rest, second.Pid(): last} {
+		if out, err := exec.Command("taskset", "-a", "-p", "-c", cpus, strconv.Itoa(pid)).CombinedOutput(); err != nil {
+			log.Fatalf("taskset (run with -pin=false where it is missing): %v\n%s", err, out)
+		}
+	}
 }
 
 // measure returns revisions per second of fn.
