@@ -79,6 +79,10 @@ type Replication struct {
 	// (if its sequences have one).
 	srcEnd   int64
 	srcEndOK bool
+	// paged: the source's sequences are plain JSON numbers (pouchdb-server,
+	// CouchDB 1.x), so a one-shot session reads its feed in pages (see
+	// read).
+	paged bool
 
 	mu           sync.Mutex
 	sourceSeq    json.RawMessage // the newest change read
@@ -153,6 +157,8 @@ func (r *Replication) prepare(ctx context.Context) error {
 		return fmt.Errorf("source %s: %w", r.Spec.Source.Redacted(), err)
 	}
 	r.srcEnd, r.srcEndOK = seqNumber(srcInfo.UpdateSeq)
+	u := bytes.TrimSpace(srcInfo.UpdateSeq)
+	r.paged = r.srcEndOK && len(u) > 0 && u[0] >= '0' && u[0] <= '9'
 	info, err := r.tgt.DBInfo(ctx, r.tgtDB)
 	if err != nil && !errors.Is(err, couch.ErrNotFound) {
 		return fmt.Errorf("target %s: %w", r.Spec.Target.Redacted(), err)
@@ -318,6 +324,16 @@ func (r *Replication) stop(ctx context.Context, safe json.RawMessage, cause erro
 // read follows the changes feed into out. A one-shot feed returns its end
 // sequence; a continuous one reconnects from the last change read when
 // its connection fails, retries_per_request times in a row at most.
+//
+// A one-shot session whose source numbers its sequences reads the feed in
+// pages of 10 × worker_batch_size changes: pouchdb-server builds a whole
+// normal feed in memory before it sends a byte, so one feed of 100,000
+// changes would keep the target idle for seconds. The pages end at an
+// empty one, or at the first change past the source's sequence at the
+// start (a one-shot replication copies what the source held when it
+// began, and a source written faster than it is read would otherwise
+// keep it going). CouchDB 2+ streams its feeds and has opaque sequences:
+// one feed.
 func (r *Replication) read(ctx context.Context, out chan<- couch.Change) (json.RawMessage, error) {
 	o := r.Spec.Options
 	fo := couch.FeedOptions{
@@ -326,12 +342,17 @@ func (r *Replication) read(ctx context.Context, out chan<- couch.Change) (json.R
 		Filter:      o.Filter, Params: o.QueryParams, DocIDs: o.DocIDs, Selector: o.Selector,
 		IdleTimeout: max(o.connectionTimeout(), 30*time.Second),
 	}
+	if r.paged && !o.Continuous {
+		fo.Limit = 10 * o.WorkerBatchSize
+	}
 	failures := 0
 	wait := 250 * time.Millisecond
 	for {
+		n := 0
 		end, err := r.src.Feed(ctx, r.srcDB, fo, func(ch couch.Change) error {
 			failures, wait = 0, 250*time.Millisecond
 			fo.Since = ch.Seq
+			n++
 			if couch.IsLocal(ch.ID) {
 				return nil
 			}
@@ -342,6 +363,14 @@ func (r *Replication) read(ctx context.Context, out chan<- couch.Change) (json.R
 				return context.Cause(ctx)
 			}
 		})
+		if err == nil && fo.Limit > 0 && n > 0 {
+			// The next page starts after the last change received, not
+			// at the page's last_seq, which a server may put further.
+			if at, ok := seqNumber(fo.Since); !ok || at < r.srcEnd {
+				continue
+			}
+			return fo.Since, nil
+		}
 		if err == nil {
 			return end.LastSeq, nil
 		}

@@ -1,6 +1,7 @@
 package replication_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -94,7 +96,9 @@ func TestOneShot(t *testing.T) {
 }
 
 // TestFiltered replicates with a filter function and its parameters,
-// with doc_ids, and with a selector.
+// with doc_ids, and with a selector; each also with worker_batch_size 1,
+// which reads pouchdb-server's feed in pages of 10 (fewer than the matches,
+// with pages that match nothing).
 func TestFiltered(t *testing.T) {
 	t.Parallel()
 	s := couchtest.Start(t)
@@ -102,9 +106,22 @@ func TestFiltered(t *testing.T) {
 	if err := c.CreateDB(bg, "src", 0); err != nil {
 		t.Fatal(err)
 	}
+	colors := []string{"red", "blue", "green"}
 	var docs []json.RawMessage
-	for i := range 30 {
-		docs = append(docs, json.RawMessage(fmt.Sprintf(`{"_id":"d%02d","color":%q}`, i, []string{"red", "blue", "green"}[i%3])))
+	var blue, green []string
+	for i := range 60 {
+		id := fmt.Sprintf("d%02d", i)
+		docs = append(docs, json.RawMessage(fmt.Sprintf(`{"_id":%q,"color":%q}`, id, colors[i%3])))
+		switch i % 3 {
+		case 1:
+			blue = append(blue, id)
+		case 2:
+			green = append(green, id)
+		}
+	}
+	// The last 20 changes match no filter.
+	for i := range 20 {
+		docs = append(docs, json.RawMessage(fmt.Sprintf(`{"_id":"e%02d","color":"none"}`, i)))
 	}
 	if _, err := c.BulkDocs(bg, "src", docs, true); err != nil {
 		t.Fatal(err)
@@ -118,16 +135,57 @@ func TestFiltered(t *testing.T) {
 		name, opts string
 		want       []string
 	}{
-		{"filter", `"filter":"f/color","query_params":{"color":"blue"}`, []string{"d01", "d04", "d07", "d10", "d13", "d16", "d19", "d22", "d25", "d28"}},
-		{"doc_ids", `"doc_ids":["d03","d05","nope"]`, []string{"d03", "d05"}},
-		{"selector", `"selector":{"color":"green"}`, []string{"d02", "d05", "d08", "d11", "d14", "d17", "d20", "d23", "d26", "d29"}},
+		{"filter", `"filter":"f/color","query_params":{"color":"blue"}`, blue},
+		{"doc_ids", `"doc_ids":["d03","d05","d47","nope"]`, []string{"d03", "d05", "d47"}},
+		{"selector", `"selector":{"color":"green"}`, green},
 	}
 	for _, tc := range cases {
-		tgt := "tgt-" + tc.name
-		run(t, fmt.Sprintf(`{"source":%q,"target":%q,"create_target":true,%s}`, dbURL(s, "src"), dbURL(s, tgt), tc.opts))
-		got := sortedKeys(leaves(t, c, tgt))
-		if !slices.Equal(got, tc.want) {
-			t.Errorf("%s: replicated %v, want %v", tc.name, got, tc.want)
+		for _, batch := range []int{500, 1} {
+			tgt := fmt.Sprint("tgt-", tc.name, "-", batch)
+			run(t, fmt.Sprintf(`{"source":%q,"target":%q,"create_target":true,"worker_batch_size":%d,%s}`, dbURL(s, "src"), dbURL(s, tgt), batch, tc.opts))
+			got := sortedKeys(leaves(t, c, tgt))
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("%s, worker_batch_size %d: replicated %v, want %v", tc.name, batch, got, tc.want)
+			}
+		}
+	}
+}
+
+// TestOneShotEnds: a one-shot replication of a source written faster than
+// it is read ends, having copied at least what the source held when it
+// began.
+func TestOneShotEnds(t *testing.T) {
+	t.Parallel()
+	s := couchtest.Start(t)
+	c := admin(t, s)
+	if err := c.CreateDB(bg, "src", 0); err != nil {
+		t.Fatal(err)
+	}
+	fill(t, c, "src", "before", 300)
+	ctx, stop := context.WithCancel(bg)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := 0; ctx.Err() == nil; i++ {
+			var docs []json.RawMessage
+			for j := range 20 {
+				docs = append(docs, json.RawMessage(fmt.Sprintf(`{"_id":"during-%d-%d"}`, i, j)))
+			}
+			if _, err := c.BulkDocs(ctx, "src", docs, true); err != nil && ctx.Err() == nil {
+				t.Error(err)
+				return
+			}
+		}
+	})
+	res, _ := run(t, fmt.Sprintf(`{"source":%q,"target":%q,"create_target":true,"worker_batch_size":1}`, dbURL(s, "src"), dbURL(s, "tgt")))
+	stop()
+	wg.Wait()
+	if !res.OK {
+		t.Fatalf("result %+v", res)
+	}
+	got := leaves(t, c, "tgt")
+	for i := range 300 {
+		if id := fmt.Sprintf("before-%05d", i); got[id] == nil {
+			t.Fatalf("%s was not replicated (%d documents were)", id, len(got))
 		}
 	}
 }
