@@ -26,6 +26,20 @@ func admin(t testing.TB, s *couchtest.Server) *couch.Client {
 	return c
 }
 
+// serve starts a pouchdb-server for the test, creates the databases dbs
+// on it, and returns it with an admin client.
+func serve(t testing.TB, dbs ...string) (*couchtest.Server, *couch.Client) {
+	t.Helper()
+	s := couchtest.Start(t)
+	c := admin(t, s)
+	for _, db := range dbs {
+		if err := c.CreateDB(bg, db, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s, c
+}
+
 // dbURL is a database's URL with the admin's credentials.
 func dbURL(s *couchtest.Server, db string) string { return s.AdminURL() + "/" + db }
 

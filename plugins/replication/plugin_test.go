@@ -74,11 +74,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 func TestTransient(t *testing.T) {
 	t.Parallel()
-	s := couchtest.Start(t)
-	c := admin(t, s)
-	if err := c.CreateDB(bg, "src", 0); err != nil {
-		t.Fatal(err)
-	}
+	s, c := serve(t, "src")
 	fill(t, c, "src", "d", 50)
 	conflicted(t, c, "src", "conflict")
 	n := startNode(t, nil)
@@ -188,11 +184,7 @@ func TestTransient(t *testing.T) {
 // of the same replication fails as a collision.
 func TestPersistent(t *testing.T) {
 	t.Parallel()
-	s := couchtest.Start(t)
-	c := admin(t, s)
-	if err := c.CreateDB(bg, "src", 0); err != nil {
-		t.Fatal(err)
-	}
+	s, c := serve(t, "src")
 	fill(t, c, "src", "d", 20)
 	n := startNode(t, s)
 	eventually(t, "the _replicator database", func() bool { ok, _ := c.DBExists(bg, "_replicator"); return ok })
@@ -331,13 +323,7 @@ func TestTargetDown(t *testing.T) {
 // that collides with a persistent one goes crashing and retries.
 func TestTransientLifetime(t *testing.T) {
 	t.Parallel()
-	s := couchtest.Start(t)
-	c := admin(t, s)
-	for _, db := range []string{"src", "_replicator"} {
-		if err := c.CreateDB(bg, db, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
+	s, c := serve(t, "src", "_replicator")
 	fill(t, c, "src", "d", 5)
 	n := startNode(t, s, "transient_ttl", "1s")
 	body := fmt.Sprintf(`{"source":%q,"target":%q,"create_target":true}`, dbURL(s, "src"), dbURL(s, "once"))

@@ -38,13 +38,7 @@ func run(t testing.TB, doc string) (*replication.Result, replication.Stats) {
 // checkpoint for the next changes only; with _bulk_get and with open_revs.
 func TestOneShot(t *testing.T) {
 	t.Parallel()
-	s := couchtest.Start(t)
-	c := admin(t, s)
-	for _, db := range []string{"src"} {
-		if err := c.CreateDB(bg, db, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
+	s, c := serve(t, "src")
 	fill(t, c, "src", "doc", 1200)
 	for i := range 20 {
 		conflicted(t, c, "src", fmt.Sprint("conflict-", i))
@@ -101,11 +95,7 @@ func TestOneShot(t *testing.T) {
 // with pages that match nothing).
 func TestFiltered(t *testing.T) {
 	t.Parallel()
-	s := couchtest.Start(t)
-	c := admin(t, s)
-	if err := c.CreateDB(bg, "src", 0); err != nil {
-		t.Fatal(err)
-	}
+	s, c := serve(t, "src")
 	colors := []string{"red", "blue", "green"}
 	var docs []json.RawMessage
 	var blue, green []string
@@ -156,11 +146,7 @@ func TestFiltered(t *testing.T) {
 // began.
 func TestOneShotEnds(t *testing.T) {
 	t.Parallel()
-	s := couchtest.Start(t)
-	c := admin(t, s)
-	if err := c.CreateDB(bg, "src", 0); err != nil {
-		t.Fatal(err)
-	}
+	s, c := serve(t, "src")
 	fill(t, c, "src", "before", 300)
 	ctx, stop := context.WithCancel(bg)
 	var wg sync.WaitGroup
@@ -237,11 +223,7 @@ func TestReplicationID(t *testing.T) {
 // replicator reads with open_revs instead.
 func TestOptions(t *testing.T) {
 	t.Parallel()
-	s := couchtest.Start(t)
-	c := admin(t, s)
-	if err := c.CreateDB(bg, "src", 0); err != nil {
-		t.Fatal(err)
-	}
+	s, c := serve(t, "src")
 	fill(t, c, "src", "d", 10)
 	conflicted(t, c, "src", "conflict")
 	info, err := c.DBInfo(bg, "src")
